@@ -1,0 +1,289 @@
+//! Accounts: registration, password login, access tokens, devices, and
+//! user-interactive authentication. Knows nothing of HTTP; the client API
+//! handlers call it.
+
+pub mod uia;
+
+use argon2::Argon2;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rand::Rng;
+use ruma::{OwnedDeviceId, OwnedUserId, ServerName, UserId};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::state::AppState;
+use crate::storage::{self, devices, users};
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone)]
+pub struct Requester {
+    /// The user.
+    pub user_id: OwnedUserId,
+    /// The device whose token was used.
+    pub device_id: OwnedDeviceId,
+    /// Server administrator.
+    pub is_admin: bool,
+}
+
+/// A freshly issued login.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The user.
+    pub user_id: OwnedUserId,
+    /// The (possibly new) device.
+    pub device_id: OwnedDeviceId,
+    /// The access token; only its hash is stored.
+    pub access_token: String,
+}
+
+/// How long a `last_seen` timestamp may lag before a request refreshes it.
+const LAST_SEEN_GRANULARITY_MS: i64 = 60_000;
+
+/// Checks a desired localpart against the spec's rules for new user ids
+/// (lower-case `a-z 0-9 . _ = - / +`, the whole id at most 255 bytes), and
+/// refuses the forms reserved by convention: all digits (generated ids) and a
+/// leading underscore (application services).
+pub fn validate_localpart(localpart: &str, server_name: &ServerName) -> Result<()> {
+    if localpart.is_empty() {
+        return Err(Error::InvalidUsername("The username must not be empty".into()));
+    }
+    if let Some(c) =
+        localpart.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '.' | '_' | '=' | '-' | '/' | '+'))
+    {
+        return Err(Error::InvalidUsername(format!(
+            "The username may only contain a-z, 0-9, '.', '_', '=', '-', '/' and '+', not {c:?}"
+        )));
+    }
+    if localpart.starts_with('_') {
+        return Err(Error::InvalidUsername("The username may not begin with '_'".into()));
+    }
+    if localpart.chars().all(|c| c.is_ascii_digit()) {
+        return Err(Error::InvalidUsername("Numeric usernames are reserved".into()));
+    }
+    if 1 + localpart.len() + 1 + server_name.as_str().len() > 255 {
+        return Err(Error::InvalidUsername("The user id would be longer than 255 bytes".into()));
+    }
+    Ok(())
+}
+
+/// Turns what a client typed for "user" (a localpart or a full id) into a
+/// local localpart, lower-cased as logins are case-insensitive.
+pub fn local_localpart(input: &str, server_name: &ServerName) -> Result<String> {
+    if input.starts_with('@') {
+        let user_id = UserId::parse(input.to_lowercase())
+            .map_err(|_| Error::InvalidParam(format!("{input:?} is not a valid user id")))?;
+        if user_id.server_name() != server_name {
+            return Err(Error::Forbidden("That user is not on this server".into()));
+        }
+        Ok(user_id.localpart().to_owned())
+    } else {
+        Ok(input.to_lowercase())
+    }
+}
+
+fn user_id_for(localpart: &str, server_name: &ServerName) -> Result<OwnedUserId> {
+    UserId::parse(format!("@{localpart}:{server_name}"))
+        .map_err(|e| Error::InvalidUsername(format!("Invalid user id: {e}")))
+}
+
+/// Hashes a password with argon2id (on a blocking thread: it is slow on purpose).
+pub async fn hash_password(password: String) -> Result<String> {
+    let mut salt = [0u8; 16];
+    rand::rng().fill_bytes(&mut salt);
+    tokio::task::spawn_blocking(move || {
+        let salt = SaltString::encode_b64(&salt).map_err(|e| Error::Internal(e.to_string()))?;
+        Argon2::default()
+            .hash_password(password.as_bytes(), &salt)
+            .map(|h| h.to_string())
+            .map_err(|e| Error::Internal(format!("password hashing failed: {e}")))
+    })
+    .await
+    .map_err(|e| Error::Internal(e.to_string()))?
+}
+
+/// Checks a password against a stored hash.
+pub async fn verify_password(hash: String, password: String) -> Result<bool> {
+    tokio::task::spawn_blocking(move || {
+        let parsed = PasswordHash::new(&hash).map_err(|e| Error::Internal(format!("stored hash: {e}")))?;
+        Ok(Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
+    })
+    .await
+    .map_err(|e| Error::Internal(e.to_string()))?
+}
+
+/// The stored form of an access token.
+pub fn hash_token(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A new access token: 256 random bits.
+fn new_access_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("slt_{}", URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// A new device id: ten upper-case letters.
+fn new_device_id() -> OwnedDeviceId {
+    let mut rng = rand::rng();
+    let id: String = (0..10).map(|_| char::from(b'A' + (rng.next_u32() % 26) as u8)).collect();
+    id.into()
+}
+
+/// Creates an account. `password` of `None` makes an account that cannot log
+/// in with a password.
+pub async fn create_user(
+    state: &AppState,
+    localpart: &str,
+    password: Option<String>,
+    is_admin: bool,
+) -> Result<OwnedUserId> {
+    validate_localpart(localpart, &state.settings.server_name)?;
+    let user_id = user_id_for(localpart, &state.settings.server_name)?;
+    let hash = match password {
+        Some(p) => Some(hash_password(p).await?),
+        None => None,
+    };
+    users::create(&state.db, user_id.as_str(), localpart, hash.as_deref(), is_admin, storage::now_ms())
+        .await?;
+    tracing::info!(%user_id, is_admin, "registered user");
+    Ok(user_id)
+}
+
+/// Whether `localpart` could be registered now.
+pub async fn check_available(state: &AppState, localpart: &str) -> Result<()> {
+    validate_localpart(localpart, &state.settings.server_name)?;
+    if users::localpart_exists(&state.db, localpart).await? {
+        return Err(Error::UserInUse);
+    }
+    Ok(())
+}
+
+/// Issues an access token for a device of `user_id` (a new device when
+/// `device_id` is `None` or unknown; an existing device's old token stops
+/// working).
+pub async fn issue_session(
+    state: &AppState,
+    user_id: &UserId,
+    device_id: Option<OwnedDeviceId>,
+    display_name: Option<&str>,
+    ip: Option<&str>,
+) -> Result<Session> {
+    let device_id = device_id.unwrap_or_else(new_device_id);
+    if device_id.as_str().is_empty() || device_id.as_str().len() > 255 {
+        return Err(Error::InvalidParam("device_id must be 1 to 255 characters".into()));
+    }
+    let access_token = new_access_token();
+    devices::login(
+        &state.db,
+        user_id.as_str(),
+        device_id.as_str(),
+        display_name,
+        &hash_token(&access_token),
+        storage::now_ms(),
+        ip,
+    )
+    .await?;
+    Ok(Session { user_id: user_id.to_owned(), device_id, access_token })
+}
+
+/// Checks a user's password; `Forbidden` for an unknown user, a deactivated
+/// account or a wrong password alike, so the answer does not reveal which.
+pub async fn check_password(state: &AppState, localpart: &str, password: &str) -> Result<OwnedUserId> {
+    let forbidden = || Error::Forbidden("Invalid username or password".into());
+    let user = users::by_localpart(&state.db, localpart).await?.ok_or_else(forbidden)?;
+    if user.deactivated {
+        return Err(Error::Forbidden("This account has been deactivated".into()));
+    }
+    let hash = user.password_hash.ok_or_else(forbidden)?;
+    if !verify_password(hash, password.to_owned()).await? {
+        return Err(forbidden());
+    }
+    OwnedUserId::try_from(user.user_id).map_err(|e| Error::Internal(format!("stored user id: {e}")))
+}
+
+/// Resolves an access token to its owner, refreshing the device's last-seen
+/// time at most once a minute.
+pub async fn authenticate(state: &AppState, token: &str, ip: Option<&str>) -> Result<Requester> {
+    let owner = devices::by_token(&state.db, &hash_token(token)).await?.ok_or(Error::UnknownToken)?;
+    let now = storage::now_ms();
+    if owner.last_seen_ts.is_none_or(|t| now - t > LAST_SEEN_GRANULARITY_MS) {
+        devices::touch(&state.db, &owner.user_id, &owner.device_id, now, ip).await?;
+    }
+    Ok(Requester {
+        user_id: OwnedUserId::try_from(owner.user_id)
+            .map_err(|e| Error::Internal(format!("stored user id: {e}")))?,
+        device_id: owner.device_id.into(),
+        is_admin: owner.is_admin,
+    })
+}
+
+/// Sets a new password; with `logout_devices`, every other device of the user
+/// is deleted (their tokens stop working).
+pub async fn change_password(
+    state: &AppState,
+    requester: &Requester,
+    new_password: String,
+    logout_devices: bool,
+) -> Result<()> {
+    if new_password.is_empty() {
+        return Err(Error::InvalidParam("The new password must not be empty".into()));
+    }
+    let hash = hash_password(new_password).await?;
+    users::set_password_hash(&state.db, requester.user_id.as_str(), &hash).await?;
+    if logout_devices {
+        devices::delete_all_except(&state.db, requester.user_id.as_str(), Some(requester.device_id.as_str()))
+            .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> ruma::OwnedServerName {
+        "example.org".try_into().unwrap()
+    }
+
+    #[test]
+    fn localparts_follow_the_spec() {
+        let s = server();
+        for ok in ["alice", "a.b_c=d-e/f+g", "bob2"] {
+            validate_localpart(ok, &s).unwrap();
+        }
+        for bad in ["", "Alice", "al ice", "al:ice", "_bot", "12345", "é"] {
+            assert!(matches!(validate_localpart(bad, &s), Err(Error::InvalidUsername(_))), "{bad}");
+        }
+        let long = "a".repeat(250);
+        assert!(validate_localpart(&long, &s).is_err());
+    }
+
+    #[test]
+    fn login_names_are_case_insensitive() {
+        let s = server();
+        assert_eq!(local_localpart("Alice", &s).unwrap(), "alice");
+        assert_eq!(local_localpart("@Alice:example.org", &s).unwrap(), "alice");
+        assert!(matches!(local_localpart("@alice:elsewhere.org", &s), Err(Error::Forbidden(_))));
+    }
+
+    #[test]
+    fn tokens_are_256_bits_and_hashed() {
+        let t = new_access_token();
+        assert_eq!(URL_SAFE_NO_PAD.decode(t.trim_start_matches("slt_")).unwrap().len(), 32);
+        assert_ne!(t, new_access_token());
+        assert_eq!(hash_token(&t).len(), 64);
+        assert_eq!(hash_token("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[tokio::test]
+    async fn passwords_round_trip() {
+        let h = hash_password("hunter2".into()).await.unwrap();
+        assert!(h.starts_with("$argon2id$"));
+        assert!(verify_password(h.clone(), "hunter2".into()).await.unwrap());
+        assert!(!verify_password(h, "hunter3".into()).await.unwrap());
+    }
+}

@@ -1,0 +1,125 @@
+//! Accounts: `/register` (with UIA), `/register/available`, registration-token
+//! validity, `/account/password`.
+
+use axum::Router;
+use rand::Rng;
+use ruma::api::client::account::register::RegistrationKind;
+use ruma::api::client::account::{
+    change_password, check_registration_token_validity, get_username_availability, register,
+};
+
+use crate::account::{self, uia};
+use crate::config::RegistrationMode;
+use crate::error::{Error, Result};
+use crate::ratelimit::Action;
+use crate::state::AppState;
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    use crate::api::extract::route;
+    let router = route(router, register);
+    let router = route(router, username_available);
+    let router = route(router, token_validity);
+    route(router, change_password)
+}
+
+use crate::api::extract::Ruma;
+
+fn registration_flows(mode: RegistrationMode) -> Result<&'static [&'static [&'static str]]> {
+    match mode {
+        RegistrationMode::Off => Err(Error::RegistrationDisabled),
+        RegistrationMode::Open => Ok(&[&[uia::DUMMY]]),
+        RegistrationMode::Token => Ok(&[&[uia::REGISTRATION_TOKEN]]),
+    }
+}
+
+/// A localpart for registrations that did not ask for one.
+fn generated_localpart() -> String {
+    let mut rng = rand::rng();
+    let tail: String = (0..12)
+        .map(|_| {
+            let n = (rng.next_u32() % 36) as u8;
+            char::from(if n < 10 { b'0' + n } else { b'a' + n - 10 })
+        })
+        .collect();
+    format!("u{tail}")
+}
+
+async fn register(state: AppState, req: Ruma<register::v3::Request>) -> Result<register::v3::Response> {
+    let ip = req.ip_string();
+    let body = &req.body;
+    if body.kind == RegistrationKind::Guest {
+        return Err(Error::GuestAccessForbidden);
+    }
+    let flows = registration_flows(state.settings.registration)?;
+    if let Some(ip) = req.client_ip {
+        state.rate_limiter.check(Action::Register, ip)?;
+    }
+    // Check what can be checked before the client does any UIA stage, so a
+    // taken or malformed name is reported at once.
+    let localpart = match &body.username {
+        Some(name) => name.clone(),
+        None => generated_localpart(),
+    };
+    account::check_available(&state, &localpart).await?;
+    let password = body.password.clone().ok_or_else(|| Error::MissingParam("password is required".into()))?;
+    if password.is_empty() {
+        return Err(Error::InvalidParam("The password must not be empty".into()));
+    }
+    uia::authorize(&state, uia::Purpose::Register, None, flows, body.auth.as_ref()).await?;
+
+    let user_id = account::create_user(&state, &localpart, Some(password), false).await?;
+    let mut response = register::v3::Response::new(user_id.clone());
+    if !body.inhibit_login {
+        let session = account::issue_session(
+            &state,
+            &user_id,
+            body.device_id.clone(),
+            body.initial_device_display_name.as_deref(),
+            ip.as_deref(),
+        )
+        .await?;
+        response.access_token = Some(session.access_token);
+        response.device_id = Some(session.device_id);
+    }
+    Ok(response)
+}
+
+async fn username_available(
+    state: AppState,
+    req: Ruma<get_username_availability::v3::Request>,
+) -> Result<get_username_availability::v3::Response> {
+    registration_flows(state.settings.registration)?;
+    account::check_available(&state, &req.body.username).await?;
+    Ok(get_username_availability::v3::Response::new(true))
+}
+
+async fn token_validity(
+    state: AppState,
+    req: Ruma<check_registration_token_validity::v1::Request>,
+) -> Result<check_registration_token_validity::v1::Response> {
+    if state.settings.registration != RegistrationMode::Token {
+        return Err(Error::Forbidden("Registration tokens are not enabled on this server".into()));
+    }
+    if let Some(ip) = req.client_ip {
+        state.rate_limiter.check(Action::Register, ip)?;
+    }
+    let valid = state.settings.registration_tokens.iter().any(|t| t == &req.body.token);
+    Ok(check_registration_token_validity::v1::Response::new(valid))
+}
+
+async fn change_password(
+    state: AppState,
+    req: Ruma<change_password::v3::Request>,
+) -> Result<change_password::v3::Response> {
+    let me = req.requester()?;
+    uia::authorize(
+        &state,
+        uia::Purpose::ChangePassword,
+        Some(me),
+        &[&[uia::PASSWORD]],
+        req.body.auth.as_ref(),
+    )
+    .await?;
+    account::change_password(&state, me, req.body.new_password.clone(), req.body.logout_devices).await?;
+    Ok(change_password::v3::Response::new())
+}

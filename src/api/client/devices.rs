@@ -1,0 +1,107 @@
+//! Devices: list, get, rename, delete (one or many, behind UIA).
+
+use axum::Router;
+use ruma::api::client::device::{
+    Device, delete_device, delete_devices, get_device, get_devices, update_device,
+};
+use ruma::{MilliSecondsSinceUnixEpoch, OwnedDeviceId, UInt};
+
+use crate::account::uia;
+use crate::api::extract::{Ruma, route};
+use crate::error::{Error, Result};
+use crate::state::AppState;
+use crate::storage::devices::{self, DeviceRow};
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = route(router, list);
+    let router = route(router, get);
+    let router = route(router, update);
+    let router = route(router, delete);
+    route(router, delete_many)
+}
+
+fn to_device(row: DeviceRow) -> Device {
+    let mut device = Device::new(OwnedDeviceId::from(row.device_id));
+    device.display_name = row.display_name;
+    device.last_seen_ip = row.last_seen_ip;
+    device.last_seen_ts =
+        row.last_seen_ts.and_then(|ts| UInt::try_from(ts).ok()).map(MilliSecondsSinceUnixEpoch);
+    device
+}
+
+fn no_such_device() -> Error {
+    Error::NotFound("No device with that id".into())
+}
+
+async fn list(state: AppState, req: Ruma<get_devices::v3::Request>) -> Result<get_devices::v3::Response> {
+    let me = req.requester()?;
+    let rows = devices::list(&state.db, me.user_id.as_str()).await?;
+    Ok(get_devices::v3::Response::new(rows.into_iter().map(to_device).collect()))
+}
+
+async fn get(state: AppState, req: Ruma<get_device::v3::Request>) -> Result<get_device::v3::Response> {
+    let me = req.requester()?;
+    let row = devices::get(&state.db, me.user_id.as_str(), req.body.device_id.as_str())
+        .await?
+        .ok_or_else(no_such_device)?;
+    Ok(get_device::v3::Response::new(to_device(row)))
+}
+
+async fn update(
+    state: AppState,
+    req: Ruma<update_device::v3::Request>,
+) -> Result<update_device::v3::Response> {
+    let me = req.requester()?;
+    let found = devices::set_display_name(
+        &state.db,
+        me.user_id.as_str(),
+        req.body.device_id.as_str(),
+        req.body.display_name.as_deref(),
+    )
+    .await?;
+    if !found {
+        return Err(no_such_device());
+    }
+    Ok(update_device::v3::Response::new())
+}
+
+async fn delete(
+    state: AppState,
+    req: Ruma<delete_device::v3::Request>,
+) -> Result<delete_device::v3::Response> {
+    let me = req.requester()?;
+    // An unknown device is reported before any UIA round, so the client is not
+    // asked for a password to delete nothing.
+    if devices::get(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?.is_none() {
+        return Err(no_such_device());
+    }
+    uia::authorize(
+        &state,
+        uia::Purpose::DeleteDevices,
+        Some(me),
+        &[&[uia::PASSWORD]],
+        req.body.auth.as_ref(),
+    )
+    .await?;
+    devices::delete(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?;
+    Ok(delete_device::v3::Response::new())
+}
+
+async fn delete_many(
+    state: AppState,
+    req: Ruma<delete_devices::v3::Request>,
+) -> Result<delete_devices::v3::Response> {
+    let me = req.requester()?;
+    uia::authorize(
+        &state,
+        uia::Purpose::DeleteDevices,
+        Some(me),
+        &[&[uia::PASSWORD]],
+        req.body.auth.as_ref(),
+    )
+    .await?;
+    for device_id in &req.body.devices {
+        devices::delete(&state.db, me.user_id.as_str(), device_id.as_str()).await?;
+    }
+    Ok(delete_devices::v3::Response::new())
+}

@@ -1,0 +1,58 @@
+//! Server discovery and capabilities: `.well-known`, `/versions`,
+//! `/capabilities`.
+
+use std::collections::BTreeMap;
+
+use axum::Router;
+use ruma::RoomVersionId;
+use ruma::api::client::discovery::get_capabilities::v3::{
+    Capabilities, ChangePasswordCapability, RoomVersionStability, RoomVersionsCapability,
+};
+use ruma::api::client::discovery::{discover_homeserver, get_capabilities, get_supported_versions};
+
+use crate::api::extract::{Ruma, route};
+use crate::error::Result;
+use crate::state::AppState;
+
+/// Spec versions whose client-server endpoints seqline serves in their current
+/// shapes (v3 paths since v1.1, r0 aliases kept for older clients).
+pub const SUPPORTED_VERSIONS: &[&str] = &[
+    "r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6", "v1.7", "v1.8", "v1.9", "v1.10", "v1.11",
+    "v1.12",
+];
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = route(router, well_known);
+    let router = route(router, versions);
+    route(router, capabilities)
+}
+
+async fn well_known(
+    state: AppState,
+    _req: Ruma<discover_homeserver::Request>,
+) -> Result<discover_homeserver::Response> {
+    Ok(discover_homeserver::Response::new(discover_homeserver::HomeserverInfo::new(
+        state.settings.public_baseurl.clone(),
+    )))
+}
+
+async fn versions(
+    _state: AppState,
+    _req: Ruma<get_supported_versions::Request>,
+) -> Result<get_supported_versions::Response> {
+    Ok(get_supported_versions::Response::new(SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect()))
+}
+
+async fn capabilities(
+    _state: AppState,
+    _req: Ruma<get_capabilities::v3::Request>,
+) -> Result<get_capabilities::v3::Response> {
+    let mut capabilities = Capabilities::new();
+    capabilities.change_password = ChangePasswordCapability::new(true);
+    let available: BTreeMap<_, _> = [RoomVersionId::V10, RoomVersionId::V11, RoomVersionId::V12]
+        .into_iter()
+        .map(|v| (v, RoomVersionStability::Stable))
+        .collect();
+    capabilities.room_versions = RoomVersionsCapability::new(RoomVersionId::V12, available);
+    Ok(get_capabilities::v3::Response::new(capabilities))
+}

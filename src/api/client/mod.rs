@@ -1,0 +1,18 @@
+//! Client-server API endpoints, one file per area of the spec.
+
+mod account;
+mod devices;
+mod discovery;
+mod session;
+
+use axum::Router;
+
+use crate::state::AppState;
+
+/// Adds every client-server endpoint to `router`.
+pub fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = discovery::routes(router);
+    let router = session::routes(router);
+    let router = account::routes(router);
+    devices::routes(router)
+}

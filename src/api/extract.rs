@@ -1,0 +1,202 @@
+//! Bridges ruma's typed endpoints into axum: [`Ruma<T>`] authenticates the
+//! caller as the endpoint's auth scheme demands, reads the body within the
+//! configured limit, tells "not JSON" from "wrong JSON", and parses the request
+//! with ruma; [`RumaResponse`] serialises the typed response; [`route`]
+//! mounts a handler on every path (r0 and v3) the endpoint has had.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, RawPathParams, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, on};
+use ruma::api::auth_scheme::{
+    AccessToken, AccessTokenOptional, AppserviceTokenOptional, NoAccessToken, NoAuthentication,
+};
+use ruma::api::error::{DeserializationError, FromHttpRequestError};
+use ruma::api::path_builder::PathBuilder;
+use ruma::api::{IncomingRequest, Metadata, OutgoingResponse};
+use ruma::api::{IncomingRequestExt, OutgoingResponseExt};
+
+use crate::account::{self, Requester};
+use crate::error::{Error, Result};
+use crate::state::AppState;
+
+/// Whether an endpoint needs an access token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRule {
+    /// Never looked at.
+    None,
+    /// Used when present.
+    Optional,
+    /// Must be present and valid.
+    Required,
+}
+
+/// Maps ruma's auth-scheme marker types to what the server checks.
+pub trait AuthRule {
+    /// The rule for this scheme.
+    const RULE: TokenRule;
+}
+
+impl AuthRule for NoAuthentication {
+    const RULE: TokenRule = TokenRule::None;
+}
+impl AuthRule for NoAccessToken {
+    const RULE: TokenRule = TokenRule::None;
+}
+/// Login and registration take an optional application-service token; with no
+/// application services configured there is nothing to check.
+impl AuthRule for AppserviceTokenOptional {
+    const RULE: TokenRule = TokenRule::None;
+}
+impl AuthRule for AccessTokenOptional {
+    const RULE: TokenRule = TokenRule::Optional;
+}
+impl AuthRule for AccessToken {
+    const RULE: TokenRule = TokenRule::Required;
+}
+
+/// A parsed, authenticated request for endpoint `T`.
+#[derive(Debug)]
+pub struct Ruma<T> {
+    /// The typed request.
+    pub body: T,
+    /// The caller, when a valid token came with the request.
+    pub requester: Option<Requester>,
+    /// The peer address of the connection.
+    pub client_ip: Option<IpAddr>,
+}
+
+impl<T> Ruma<T> {
+    /// The caller, for endpoints whose auth scheme requires a token.
+    pub fn requester(&self) -> Result<&Requester> {
+        self.requester.as_ref().ok_or(Error::MissingToken)
+    }
+
+    /// The client address as text, for `last_seen_ip`.
+    pub fn ip_string(&self) -> Option<String> {
+        self.client_ip.map(|ip| ip.to_string())
+    }
+}
+
+/// The access token of a request: `Authorization: Bearer` first, else the
+/// `access_token` query parameter.
+fn access_token(parts: &http::request::Parts) -> Result<Option<String>> {
+    if let Some(value) = parts.headers.get(http::header::AUTHORIZATION) {
+        let value = value.to_str().map_err(|_| Error::UnknownToken)?;
+        return match value.strip_prefix("Bearer ") {
+            Some(token) => Ok(Some(token.trim().to_owned())),
+            None => Err(Error::MissingToken),
+        };
+    }
+    let query = parts.uri.query().unwrap_or("");
+    Ok(form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "access_token")
+        .map(|(_, v)| v.into_owned()))
+}
+
+fn map_parse_error(e: FromHttpRequestError) -> Error {
+    match e {
+        FromHttpRequestError::MethodMismatch { .. } => Error::MethodNotAllowed,
+        FromHttpRequestError::Deserialization(e) => match e {
+            DeserializationError::Json(e) => Error::BadJson(format!("Invalid request body: {e}")),
+            DeserializationError::Query(e) => Error::InvalidParam(format!("Invalid query parameter: {e}")),
+            DeserializationError::Ident(e) => Error::InvalidParam(format!("Invalid identifier: {e}")),
+            DeserializationError::Header(e) => Error::InvalidParam(format!("Invalid header: {e}")),
+            other => Error::BadJson(other.to_string()),
+        },
+        other => Error::BadJson(other.to_string()),
+    }
+}
+
+impl<T> FromRequest<AppState> for Ruma<T>
+where
+    T: IncomingRequest + Send,
+    T::Authentication: AuthRule,
+{
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self> {
+        let (mut parts, body) = req.into_parts();
+        let client_ip = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+        let path_args: Vec<String> = RawPathParams::from_request_parts(&mut parts, state)
+            .await
+            .map_err(|e| Error::InvalidParam(format!("Invalid path: {e}")))?
+            .iter()
+            .map(|(_, v)| v.to_owned())
+            .collect();
+
+        let requester = match <T::Authentication as AuthRule>::RULE {
+            TokenRule::None => None,
+            rule => match access_token(&parts)? {
+                Some(token) => {
+                    let ip = client_ip.map(|ip| ip.to_string());
+                    Some(account::authenticate(state, &token, ip.as_deref()).await?)
+                }
+                None if rule == TokenRule::Required => return Err(Error::MissingToken),
+                None => None,
+            },
+        };
+
+        let limit = state.settings.max_request_body_bytes;
+        if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
+            && len.parse::<usize>().is_ok_and(|n| n > limit)
+        {
+            return Err(too_large(limit));
+        }
+        let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large(limit))?;
+        if !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+            return Err(Error::NotJson("The request body is not valid JSON".into()));
+        }
+
+        let args: Vec<&str> = path_args.iter().map(String::as_str).collect();
+        let request = http::Request::from_parts(parts, &bytes[..]);
+        let body = T::try_from_http_request(request, &args).map_err(map_parse_error)?;
+        Ok(Self { body, requester, client_ip })
+    }
+}
+
+fn too_large(limit: usize) -> Error {
+    Error::TooLarge(format!("The request body is larger than {limit} bytes"))
+}
+
+/// A typed ruma response as an axum response.
+#[derive(Debug)]
+pub struct RumaResponse<R>(pub R);
+
+impl<R: OutgoingResponse> IntoResponse for RumaResponse<R> {
+    fn into_response(self) -> Response {
+        match self.0.try_into_http_response::<Vec<u8>>() {
+            Ok(response) => response.map(Body::from),
+            Err(e) => Error::Internal(format!("cannot serialise the response: {e}")).into_response(),
+        }
+    }
+}
+
+/// Mounts `handler` for endpoint `T` on every path the spec has given it.
+pub fn route<T, F, Fut>(mut router: Router<AppState>, handler: F) -> Router<AppState>
+where
+    T: IncomingRequest + Send + 'static,
+    T::Authentication: AuthRule,
+    T::OutgoingResponse: Send + 'static,
+    F: Fn(AppState, Ruma<T>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<T::OutgoingResponse>> + Send + 'static,
+{
+    let filter = match MethodFilter::try_from(<T as Metadata>::METHOD) {
+        Ok(filter) => filter,
+        Err(_) => panic!("endpoint with unsupported method {}", <T as Metadata>::METHOD),
+    };
+    for path in <T as Metadata>::PATH_BUILDER.all_paths() {
+        let handler = handler.clone();
+        router = router.route(
+            path,
+            on(filter, move |State(state): State<AppState>, req: Ruma<T>| async move {
+                handler(state, req).await.map(RumaResponse)
+            }),
+        );
+    }
+    router
+}

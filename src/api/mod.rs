@@ -1,0 +1,47 @@
+//! HTTP: the axum router, CORS, the JSON 404/405 fallbacks, and the bridge
+//! to ruma's typed endpoints. Handlers live in `client/`, one file per spec
+//! area; they parse, call the domain, and format.
+
+pub mod client;
+pub mod error;
+pub mod extract;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+
+use crate::error::Error;
+use crate::state::AppState;
+
+/// The whole HTTP application.
+pub fn router(state: AppState) -> Router {
+    client::routes(Router::new())
+        .fallback(|| async { Error::Unrecognized })
+        .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .layer(middleware::from_fn(cors))
+        .with_state(state)
+}
+
+/// CORS as the spec asks of every endpoint, so browser clients served from
+/// another origin can call the API; preflight `OPTIONS` is answered here for
+/// every path, known or not.
+async fn cors(request: Request, next: Next) -> Response {
+    let mut response = if request.method() == Method::OPTIONS {
+        StatusCode::OK.into_response()
+    } else {
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, PUT, DELETE, OPTIONS"),
+    );
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("X-Requested-With, Content-Type, Authorization"),
+    );
+    response
+}

@@ -1,0 +1,409 @@
+//! One typed configuration, read from an optional TOML file, then overridden by
+//! `SEQLINE_*` environment variables, then validated once at start-up.
+//!
+//! The documented example `config/seqline.toml` is embedded in the binary: it is
+//! what `seqline generate-config` prints, and a unit test checks that it parses to
+//! exactly [`Config::default`], so the file and the defaults cannot drift apart.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use ruma::OwnedServerName;
+use serde::Deserialize;
+
+/// The example configuration shipped with seqline, every setting at its default.
+pub const EXAMPLE: &str = include_str!("../config/seqline.toml");
+
+/// A configuration problem, phrased as one line naming the setting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// How new accounts may be created over the client API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegistrationMode {
+    /// Only the `register-user` command creates accounts.
+    Off,
+    /// Anyone may register, completing `m.login.dummy`.
+    Open,
+    /// Registering needs a configured token (`m.login.registration_token`).
+    Token,
+}
+
+impl RegistrationMode {
+    fn parse(value: &str) -> Option<Self> {
+        match value {
+            "off" => Some(Self::Off),
+            "open" => Some(Self::Open),
+            "token" => Some(Self::Token),
+            _ => None,
+        }
+    }
+}
+
+/// The whole configuration as written in the file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The server name in user ids and aliases.
+    pub server_name: String,
+    /// Base URL advertised to clients; empty means derived from the listener.
+    pub public_baseurl: String,
+    /// Directory holding the key, the SQLite file and media.
+    pub data_dir: PathBuf,
+    /// `sqlite://...` or `postgres://...`; empty means SQLite in the data dir.
+    pub database_url: String,
+    /// Path of the signing key file; empty means `<data_dir>/signing.key`.
+    pub signing_key_path: String,
+    /// tracing filter.
+    pub log: String,
+    /// Listeners.
+    pub listen: Listen,
+    /// Who may register.
+    pub registration: Registration,
+    /// Request size limits.
+    pub limits: Limits,
+    /// Rate limits for login and registration.
+    pub rate_limits: RateLimits,
+}
+
+/// Listener addresses.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listen {
+    /// Client-server API, `address:port`.
+    pub client: String,
+}
+
+/// Registration settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Registration {
+    /// `off`, `open` or `token`.
+    pub mode: RegistrationMode,
+    /// Tokens accepted in `token` mode.
+    pub tokens: Vec<String>,
+}
+
+/// Size limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest accepted request body on the client API.
+    pub max_request_body_bytes: usize,
+}
+
+/// Token-bucket rate limits, per client IP.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimits {
+    /// Whether limits apply at all.
+    pub enabled: bool,
+    /// Login refill rate.
+    pub login_per_second: f64,
+    /// Login burst size.
+    pub login_burst: u32,
+    /// Registration refill rate.
+    pub register_per_second: f64,
+    /// Registration burst size.
+    pub register_burst: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server_name: "localhost:8008".into(),
+            public_baseurl: String::new(),
+            data_dir: PathBuf::from("./data"),
+            database_url: String::new(),
+            signing_key_path: String::new(),
+            log: "info".into(),
+            listen: Listen::default(),
+            registration: Registration::default(),
+            limits: Limits::default(),
+            rate_limits: RateLimits::default(),
+        }
+    }
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self { client: "127.0.0.1:8008".into() }
+    }
+}
+
+impl Default for Registration {
+    fn default() -> Self {
+        Self { mode: RegistrationMode::Off, tokens: Vec::new() }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_request_body_bytes: 1024 * 1024 }
+    }
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            login_per_second: 0.2,
+            login_burst: 5,
+            register_per_second: 0.2,
+            register_burst: 5,
+        }
+    }
+}
+
+/// The configuration after overrides and validation: what the server runs on.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Server name, parsed.
+    pub server_name: OwnedServerName,
+    /// Base URL for `/.well-known/matrix/client`, with a trailing slash.
+    pub public_baseurl: String,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Database URL, resolved.
+    pub database_url: String,
+    /// Signing key file, resolved.
+    pub signing_key_path: PathBuf,
+    /// tracing filter.
+    pub log: String,
+    /// Client listener.
+    pub client_listen: SocketAddr,
+    /// Registration mode.
+    pub registration: RegistrationMode,
+    /// Registration tokens.
+    pub registration_tokens: Vec<String>,
+    /// Body limit.
+    pub max_request_body_bytes: usize,
+    /// Rate limits.
+    pub rate_limits: RateLimits,
+}
+
+impl Config {
+    /// Reads the file if one is given (else the defaults), then applies the
+    /// `SEQLINE_*` environment overrides from `env`.
+    pub fn load(path: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut config = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError(format!("config file {}: cannot read: {e}", path.display())))?;
+                Self::parse(&text)
+                    .map_err(|e| ConfigError(format!("config file {}: {}", path.display(), e.0)))?
+            }
+            None => Self::default(),
+        };
+        config.apply_env(env)?;
+        Ok(config)
+    }
+
+    /// Parses TOML text; unknown settings are an error naming them.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            // toml's messages span several lines (a source excerpt); keep the one that says what is wrong.
+            let message = e.message().trim().to_owned();
+            match e.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].lines().count().max(1);
+                    ConfigError(format!("line {line}: {message}"))
+                }
+                None => ConfigError(message),
+            }
+        })
+    }
+
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = env("SEQLINE_SERVER_NAME") {
+            self.server_name = v;
+        }
+        if let Some(v) = env("SEQLINE_PUBLIC_BASEURL") {
+            self.public_baseurl = v;
+        }
+        if let Some(v) = env("SEQLINE_LISTEN") {
+            self.listen.client = v;
+        }
+        if let Some(v) = env("SEQLINE_DATA_DIR") {
+            self.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env("SEQLINE_DATABASE_URL") {
+            self.database_url = v;
+        }
+        if let Some(v) = env("SEQLINE_SIGNING_KEY_PATH") {
+            self.signing_key_path = v;
+        }
+        if let Some(v) = env("SEQLINE_LOG") {
+            self.log = v;
+        }
+        if let Some(v) = env("SEQLINE_REGISTRATION") {
+            self.registration.mode = RegistrationMode::parse(&v).ok_or_else(|| {
+                ConfigError(format!("SEQLINE_REGISTRATION: {v:?} is not one of \"off\", \"open\", \"token\""))
+            })?;
+        }
+        if let Some(v) = env("SEQLINE_REGISTRATION_TOKENS") {
+            self.registration.tokens =
+                v.split(',').map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect();
+        }
+        if let Some(v) = env("SEQLINE_RATE_LIMITS") {
+            self.rate_limits.enabled = match v.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => {
+                    return Err(ConfigError(format!("SEQLINE_RATE_LIMITS: {v:?} is not \"on\" or \"off\"")));
+                }
+            };
+        }
+        if let Some(v) = env("SEQLINE_MAX_REQUEST_BODY_BYTES") {
+            self.limits.max_request_body_bytes = v.parse().map_err(|_| {
+                ConfigError(format!("SEQLINE_MAX_REQUEST_BODY_BYTES: {v:?} is not a byte count"))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Checks every setting and resolves the derived ones.
+    pub fn validate(self) -> Result<Settings, ConfigError> {
+        let server_name = OwnedServerName::try_from(self.server_name.as_str()).map_err(|e| {
+            ConfigError(format!("server_name: {:?} is not a valid server name ({e})", self.server_name))
+        })?;
+        let client_listen: SocketAddr = self.listen.client.parse().map_err(|_| {
+            ConfigError(format!(
+                "listen.client: {:?} is not an address:port such as 127.0.0.1:8008",
+                self.listen.client
+            ))
+        })?;
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError("data_dir: must not be empty".into()));
+        }
+        let database_url = if self.database_url.is_empty() {
+            format!("sqlite://{}", self.data_dir.join("seqline.db").display())
+        } else {
+            self.database_url.clone()
+        };
+        if !(database_url.starts_with("sqlite:")
+            || database_url.starts_with("postgres://")
+            || database_url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError(format!(
+                "database_url: {database_url:?} must start with sqlite:// or postgres://"
+            )));
+        }
+        let signing_key_path = if self.signing_key_path.is_empty() {
+            self.data_dir.join("signing.key")
+        } else {
+            PathBuf::from(&self.signing_key_path)
+        };
+        if self.registration.mode == RegistrationMode::Token && self.registration.tokens.is_empty() {
+            return Err(ConfigError("registration.tokens: mode = \"token\" needs at least one token".into()));
+        }
+        if self.limits.max_request_body_bytes < 1024 {
+            return Err(ConfigError("limits.max_request_body_bytes: must be at least 1024".into()));
+        }
+        let rl = &self.rate_limits;
+        for (name, rate) in
+            [("login_per_second", rl.login_per_second), ("register_per_second", rl.register_per_second)]
+        {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(ConfigError(format!("rate_limits.{name}: must be a positive number")));
+            }
+        }
+        for (name, burst) in [("login_burst", rl.login_burst), ("register_burst", rl.register_burst)] {
+            if burst == 0 {
+                return Err(ConfigError(format!("rate_limits.{name}: must be at least 1")));
+            }
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
+            return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
+        }
+        let public_baseurl = if self.public_baseurl.is_empty() {
+            format!("http://{client_listen}/")
+        } else if self.public_baseurl.starts_with("http://") || self.public_baseurl.starts_with("https://") {
+            let mut url = self.public_baseurl.clone();
+            if !url.ends_with('/') {
+                url.push('/');
+            }
+            url
+        } else {
+            return Err(ConfigError(format!(
+                "public_baseurl: {:?} must start with http:// or https://",
+                self.public_baseurl
+            )));
+        };
+        Ok(Settings {
+            server_name,
+            public_baseurl,
+            data_dir: self.data_dir,
+            database_url,
+            signing_key_path,
+            log: self.log,
+            client_listen,
+            registration: self.registration.mode,
+            registration_tokens: self.registration.tokens,
+            max_request_body_bytes: self.limits.max_request_body_bytes,
+            rate_limits: self.rate_limits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn example_file_is_the_defaults() {
+        assert_eq!(Config::parse(EXAMPLE).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn defaults_validate_to_localhost() {
+        let s = Config::load(None, no_env).unwrap().validate().unwrap();
+        assert_eq!(s.server_name.as_str(), "localhost:8008");
+        assert_eq!(s.client_listen.to_string(), "127.0.0.1:8008");
+        assert_eq!(s.public_baseurl, "http://127.0.0.1:8008/");
+        assert_eq!(s.database_url, "sqlite://./data/seqline.db");
+        assert_eq!(s.registration, RegistrationMode::Off);
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let env = |k: &str| match k {
+            "SEQLINE_SERVER_NAME" => Some("example.org".to_owned()),
+            "SEQLINE_LISTEN" => Some("127.0.0.1:9000".to_owned()),
+            "SEQLINE_REGISTRATION" => Some("token".to_owned()),
+            "SEQLINE_REGISTRATION_TOKENS" => Some("a, b".to_owned()),
+            "SEQLINE_RATE_LIMITS" => Some("off".to_owned()),
+            _ => None,
+        };
+        let s = Config::load(None, env).unwrap().validate().unwrap();
+        assert_eq!(s.server_name.as_str(), "example.org");
+        assert_eq!(s.client_listen.port(), 9000);
+        assert_eq!(s.registration_tokens, vec!["a", "b"]);
+        assert!(!s.rate_limits.enabled);
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting() {
+        let err = Config::parse("nonsense = 1").unwrap_err();
+        assert!(err.0.contains("nonsense"), "{err}");
+        let err = Config::parse("[listen]\nclient = 5").unwrap_err();
+        assert!(err.0.starts_with("line 2"), "{err}");
+        let mut c = Config::default();
+        c.listen.client = "nowhere".into();
+        assert!(c.validate().unwrap_err().0.starts_with("listen.client"));
+        let mut c = Config::default();
+        c.server_name = "bad name!".into();
+        assert!(c.validate().unwrap_err().0.starts_with("server_name"));
+        let mut c = Config::default();
+        c.registration.mode = RegistrationMode::Token;
+        assert!(c.validate().unwrap_err().0.starts_with("registration.tokens"));
+        let env = |k: &str| (k == "SEQLINE_REGISTRATION").then(|| "maybe".to_owned());
+        assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_REGISTRATION"));
+    }
+}

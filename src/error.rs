@@ -1,0 +1,115 @@
+//! The one error type of seqline. Domain and storage code return it; the API
+//! layer turns it into a Matrix error response in exactly one place
+//! (`api::error`). Each variant names a failure a client can act on, so the
+//! mapping to `errcode` and HTTP status is a plain table.
+
+use serde_json::Value;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request body is not JSON at all.
+    #[error("{0}")]
+    NotJson(String),
+    /// The body is JSON but not the shape the endpoint takes.
+    #[error("{0}")]
+    BadJson(String),
+    /// A required parameter is missing.
+    #[error("{0}")]
+    MissingParam(String),
+    /// A parameter (path, query or body) has an invalid value.
+    #[error("{0}")]
+    InvalidParam(String),
+    /// No access token was supplied.
+    #[error("Missing access token")]
+    MissingToken,
+    /// The access token is not (or no longer) valid.
+    #[error("Unknown access token")]
+    UnknownToken,
+    /// The caller may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The thing asked for does not exist (or is not visible to the caller).
+    #[error("{0}")]
+    NotFound(String),
+    /// No such endpoint.
+    #[error("Unrecognized request")]
+    Unrecognized,
+    /// The endpoint exists but not with this method.
+    #[error("Method not allowed")]
+    MethodNotAllowed,
+    /// The request body is over the configured limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Rate limited; retry after this many milliseconds.
+    #[error("Too many requests")]
+    LimitExceeded {
+        /// Suggested wait.
+        retry_after_ms: u64,
+    },
+    /// The desired user id is malformed or reserved.
+    #[error("{0}")]
+    InvalidUsername(String),
+    /// The desired user id is taken.
+    #[error("User ID already taken")]
+    UserInUse,
+    /// Guest access is not offered.
+    #[error("Guest access is not allowed")]
+    GuestAccessForbidden,
+    /// The registration token is not valid.
+    #[error("Invalid registration token")]
+    InvalidRegistrationToken,
+    /// Registration is disabled on this server.
+    #[error("Registration is disabled")]
+    RegistrationDisabled,
+    /// User-interactive authentication must (continue to) be completed: the
+    /// body says which flows, what is done, and optionally why the last
+    /// attempt failed.
+    #[error("User-interactive authentication required")]
+    Uia(Box<UiaChallenge>),
+    /// A request the server cannot make sense of, per the spec's M_UNKNOWN (400).
+    #[error("{0}")]
+    Unknown(String),
+    /// A database failure: logged, reported as M_UNKNOWN.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Anything else that is our fault.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The 401 body of user-interactive authentication.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UiaChallenge {
+    /// Each flow is a list of stage types.
+    pub flows: Vec<UiaFlow>,
+    /// Stage parameters, by stage type.
+    pub params: Value,
+    /// The UIA session id.
+    pub session: String,
+    /// Stages already completed in this session.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub completed: Vec<String>,
+    /// Why the previous attempt failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errcode: Option<&'static str>,
+    /// Human-readable form of `errcode`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One UIA flow.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UiaFlow {
+    /// Stage types, in order.
+    pub stages: Vec<String>,
+}
+
+impl From<sqlx::migrate::MigrateError> for Error {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Self::Internal(format!("migration failed: {e}"))
+    }
+}

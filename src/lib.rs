@@ -1,0 +1,12 @@
+//! seqline: a Matrix homeserver whose rooms are seq lines and whose readers'
+//! visibility is a set of ranges on them. See ARCHITECTURE.md for the map.
+
+pub mod account;
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod ratelimit;
+pub mod server;
+pub mod signing_key;
+pub mod state;
+pub mod storage;

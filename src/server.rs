@@ -1,0 +1,72 @@
+//! Starting and stopping the server: load settings, open the database, load
+//! or generate the signing key, serve until SIGINT/SIGTERM, then let in-flight
+//! requests finish and close the database cleanly.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+
+use crate::config::Settings;
+use crate::error::{Error, Result};
+use crate::signing_key;
+use crate::state::AppState;
+use crate::storage::Db;
+
+/// Opens everything the server needs, in start-up order.
+pub async fn open(settings: Settings) -> Result<AppState> {
+    std::fs::create_dir_all(&settings.data_dir).map_err(|e| {
+        Error::Internal(format!("data_dir {}: cannot create: {e}", settings.data_dir.display()))
+    })?;
+    let key = signing_key::load_or_generate(&settings.signing_key_path).map_err(Error::Internal)?;
+    let db = Db::connect(&settings.database_url).await?;
+    Ok(AppState::new(settings, db, key))
+}
+
+/// Serves the client API until a shutdown signal arrives.
+pub async fn serve(state: AppState) -> Result<()> {
+    let addr = state.settings.client_listen;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Internal(format!("listen.client {addr}: cannot listen: {e}")))?;
+    let local = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+    tracing::info!(
+        server_name = %state.settings.server_name,
+        key_id = %state.signing_key.key_id(),
+        "seqline is listening on http://{local}"
+    );
+    let app = crate::api::router(state.clone());
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| Error::Internal(format!("server error: {e}")))?;
+    tracing::info!("shutting down: requests finished, closing the database");
+    state.db.close().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!("cannot listen for ctrl-c: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

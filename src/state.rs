@@ -1,0 +1,43 @@
+//! The state every request handler shares: settings, database, signing key,
+//! rate limiter. Passed explicitly (axum state), never a global, so tests can
+//! run many servers in one process if they need to.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::config::Settings;
+use crate::ratelimit::RateLimiter;
+use crate::signing_key::ServerKey;
+use crate::storage::Db;
+
+/// Cheap to clone; all clones share one [`Services`].
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<Services>);
+
+/// The services behind [`AppState`].
+#[derive(Debug)]
+pub struct Services {
+    /// Validated configuration.
+    pub settings: Settings,
+    /// Database.
+    pub db: Db,
+    /// The server's signing key.
+    pub signing_key: ServerKey,
+    /// Login/registration limiter.
+    pub rate_limiter: RateLimiter,
+}
+
+impl AppState {
+    /// Wraps the services.
+    pub fn new(settings: Settings, db: Db, signing_key: ServerKey) -> Self {
+        let rate_limiter = RateLimiter::new(settings.rate_limits.clone());
+        Self(Arc::new(Services { settings, db, signing_key, rate_limiter }))
+    }
+}
+
+impl Deref for AppState {
+    type Target = Services;
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}

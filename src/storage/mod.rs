@@ -1,0 +1,126 @@
+//! Storage: one sqlx layer over two backends. Queries are written once with
+//! `$1` placeholders and run through sqlx's `Any` driver on SQLite (the
+//! embedded default, WAL, foreign keys on) and PostgreSQL (for scale). Where the
+//! SQL must differ, a migration set per backend says so (`migrations/`).
+//!
+//! One module per table family; storage knows tables and queries, not Matrix
+//! rules.
+
+pub mod devices;
+pub mod uia;
+pub mod users;
+
+use std::borrow::Cow;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyPool, Executor};
+
+use crate::error::Result;
+
+/// Which database sits behind the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded SQLite file.
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+/// The database handle shared by the whole server.
+#[derive(Debug, Clone)]
+pub struct Db {
+    /// The connection pool.
+    pub pool: AnyPool,
+    /// Which backend `pool` talks to.
+    pub backend: Backend,
+}
+
+/// A migration set: (version, description, SQL).
+type MigrationSet = &'static [(i64, &'static str, &'static str)];
+
+const SQLITE_MIGRATIONS: MigrationSet =
+    &[(1, "accounts", include_str!("../../migrations/sqlite/0001_accounts.sql"))];
+
+const POSTGRES_MIGRATIONS: MigrationSet =
+    &[(1, "accounts", include_str!("../../migrations/postgres/0001_accounts.sql"))];
+
+impl Db {
+    /// Connects (creating the SQLite file if needed) and applies pending
+    /// migrations.
+    pub async fn connect(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") { Backend::Sqlite } else { Backend::Postgres };
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=rwc")
+            }
+            _ => url.to_owned(),
+        };
+        let options = AnyConnectOptions::from_str(&url)?;
+        let pool_options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30));
+        let pool = match backend {
+            Backend::Sqlite => {
+                pool_options
+                    .max_connections(8)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("PRAGMA journal_mode = WAL").await?;
+                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                            conn.execute("PRAGMA foreign_keys = ON").await?;
+                            conn.execute("PRAGMA busy_timeout = 10000").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_with(options)
+                    .await?
+            }
+            Backend::Postgres => pool_options.max_connections(16).connect_with(options).await?,
+        };
+        let db = Self { pool, backend };
+        db.migrate().await?;
+        Ok(db)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let set = match self.backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS,
+            Backend::Postgres => POSTGRES_MIGRATIONS,
+        };
+        let migrations = set
+            .iter()
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    *version,
+                    Cow::Borrowed(*description),
+                    MigrationType::Simple,
+                    sqlx::SqlStr::from_static(sql),
+                    false,
+                )
+            })
+            .collect();
+        Migrator::with_migrations(migrations).run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Closes every connection; SQLite checkpoints its WAL on the last close.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Milliseconds since the Unix epoch, as stored in `*_ts` columns.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// True when `e` is a unique-key violation: the caller maps it to the right 4xx.
+pub fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}

@@ -1,0 +1,76 @@
+//! The `users` table: one row per local account.
+
+use super::{Db, is_unique_violation};
+use crate::error::{Error, Result};
+
+/// A stored account.
+#[derive(Debug, Clone)]
+pub struct UserRow {
+    /// Full user id, `@localpart:server`.
+    pub user_id: String,
+    /// argon2id PHC string; `None` for accounts that cannot log in by password.
+    pub password_hash: Option<String>,
+    /// Server administrator.
+    pub is_admin: bool,
+    /// Deactivated accounts keep their row (the id is never reused).
+    pub deactivated: bool,
+}
+
+/// Inserts a new account; a taken localpart is `UserInUse`.
+pub async fn create(
+    db: &Db,
+    user_id: &str,
+    localpart: &str,
+    password_hash: Option<&str>,
+    is_admin: bool,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO users (user_id, localpart, password_hash, is_admin, created_ts) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(user_id)
+    .bind(localpart)
+    .bind(password_hash)
+    .bind(i64::from(is_admin))
+    .bind(now)
+    .execute(&db.pool)
+    .await
+    .map_err(|e| if is_unique_violation(&e) { Error::UserInUse } else { e.into() })?;
+    Ok(())
+}
+
+/// Looks an account up by localpart.
+pub async fn by_localpart(db: &Db, localpart: &str) -> Result<Option<UserRow>> {
+    let row: Option<(String, Option<String>, i64, i64)> = sqlx::query_as(
+        "SELECT user_id, password_hash, is_admin, deactivated FROM users WHERE localpart = $1",
+    )
+    .bind(localpart)
+    .fetch_optional(&db.pool)
+    .await?;
+    Ok(row.map(|(user_id, password_hash, is_admin, deactivated)| UserRow {
+        user_id,
+        password_hash,
+        is_admin: is_admin != 0,
+        deactivated: deactivated != 0,
+    }))
+}
+
+/// Whether the localpart is taken (by a live or a deactivated account).
+pub async fn localpart_exists(db: &Db, localpart: &str) -> Result<bool> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM users WHERE localpart = $1")
+        .bind(localpart)
+        .fetch_one(&db.pool)
+        .await?;
+    Ok(n > 0)
+}
+
+/// Replaces the password hash.
+pub async fn set_password_hash(db: &Db, user_id: &str, hash: &str) -> Result<()> {
+    sqlx::query("UPDATE users SET password_hash = $1 WHERE user_id = $2")
+        .bind(hash)
+        .bind(user_id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
