@@ -162,8 +162,9 @@ impl Default for RateLimits {
 pub struct Settings {
     /// Server name, parsed.
     pub server_name: OwnedServerName,
-    /// Base URL for `/.well-known/matrix/client`, with a trailing slash.
-    pub public_baseurl: String,
+    /// Base URL for `/.well-known/matrix/client`, with a trailing slash;
+    /// `None` until known when derived from the listener (which may bind port 0).
+    pub public_baseurl: Option<String>,
     /// Data directory.
     pub data_dir: PathBuf,
     /// Database URL, resolved.
@@ -319,13 +320,13 @@ impl Config {
             return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
         }
         let public_baseurl = if self.public_baseurl.is_empty() {
-            format!("http://{client_listen}/")
+            None
         } else if self.public_baseurl.starts_with("http://") || self.public_baseurl.starts_with("https://") {
             let mut url = self.public_baseurl.clone();
             if !url.ends_with('/') {
                 url.push('/');
             }
-            url
+            Some(url)
         } else {
             return Err(ConfigError(format!(
                 "public_baseurl: {:?} must start with http:// or https://",
@@ -366,7 +367,7 @@ mod tests {
         let s = Config::load(None, no_env).unwrap().validate().unwrap();
         assert_eq!(s.server_name.as_str(), "localhost:8008");
         assert_eq!(s.client_listen.to_string(), "127.0.0.1:8008");
-        assert_eq!(s.public_baseurl, "http://127.0.0.1:8008/");
+        assert_eq!(s.public_baseurl, None);
         assert_eq!(s.database_url, "sqlite://./data/seqline.db");
         assert_eq!(s.registration, RegistrationMode::Off);
     }
@@ -397,8 +398,7 @@ mod tests {
         let mut c = Config::default();
         c.listen.client = "nowhere".into();
         assert!(c.validate().unwrap_err().0.starts_with("listen.client"));
-        let mut c = Config::default();
-        c.server_name = "bad name!".into();
+        let c = Config { server_name: "bad name!".into(), ..Config::default() };
         assert!(c.validate().unwrap_err().0.starts_with("server_name"));
         let mut c = Config::default();
         c.registration.mode = RegistrationMode::Token;

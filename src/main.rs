@@ -50,10 +50,7 @@ fn main() -> ExitCode {
             println!("seqline {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        Command::Serve => run(cli.config, |settings| async move {
-            let state = seqline::server::open(settings).await?;
-            seqline::server::serve(state).await
-        }),
+        Command::Serve => run(cli.config, seqline::server::run),
         Command::RegisterUser { user, password, admin } => run(cli.config, |settings| async move {
             let state = seqline::server::open(settings).await?;
             let result = seqline::account::create_user(&state, &user, Some(password), admin).await;

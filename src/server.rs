@@ -22,13 +22,16 @@ pub async fn open(settings: Settings) -> Result<AppState> {
     Ok(AppState::new(settings, db, key))
 }
 
-/// Serves the client API until a shutdown signal arrives.
-pub async fn serve(state: AppState) -> Result<()> {
-    let addr = state.settings.client_listen;
+/// Binds the listener, opens the server and serves the client API until a
+/// shutdown signal arrives.
+pub async fn run(mut settings: Settings) -> Result<()> {
+    let addr = settings.client_listen;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| Error::Internal(format!("listen.client {addr}: cannot listen: {e}")))?;
     let local = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+    settings.public_baseurl.get_or_insert_with(|| format!("http://{local}/"));
+    let state = open(settings).await?;
     tracing::info!(
         server_name = %state.settings.server_name,
         key_id = %state.signing_key.key_id(),

@@ -46,11 +46,14 @@ pub fn load_or_generate(path: &Path) -> Result<ServerKey, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut seed = [0u8; 32];
             rand::rng().fill_bytes(&mut seed);
-            let mut version_bytes = [0u8; 4];
-            rand::rng().fill_bytes(&mut version_bytes);
-            let version =
-                format!("a_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(version_bytes));
+            // Key versions are [a-zA-Z0-9_]; six random alphanumerics after "a_" as Synapse does.
+            const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+            let mut rng = rand::rng();
+            let tail: String =
+                (0..6).map(|_| char::from(ALPHABET[(rng.next_u32() as usize) % ALPHABET.len()])).collect();
+            let version = format!("a_{tail}");
             let line = format!("ed25519 {version} {}\n", STANDARD_NO_PAD.encode(seed));
+            let key = parse(&line).map_err(|e| format!("signing key {}: {e}", path.display()))?;
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| format!("signing key {}: cannot create directory: {e}", path.display()))?;
@@ -58,7 +61,7 @@ pub fn load_or_generate(path: &Path) -> Result<ServerKey, String> {
             write_private(path, &line)
                 .map_err(|e| format!("signing key {}: cannot write: {e}", path.display()))?;
             tracing::info!(path = %path.display(), %version, "generated a new signing key");
-            parse(&line).map_err(|e| format!("signing key {}: {e}", path.display()))
+            Ok(key)
         }
         Err(e) => Err(format!("signing key {}: cannot read: {e}", path.display())),
     }

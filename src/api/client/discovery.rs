@@ -32,7 +32,7 @@ async fn well_known(
     _req: Ruma<discover_homeserver::Request>,
 ) -> Result<discover_homeserver::Response> {
     Ok(discover_homeserver::Response::new(discover_homeserver::HomeserverInfo::new(
-        state.settings.public_baseurl.clone(),
+        state.settings.public_baseurl.clone().unwrap_or_default(),
     )))
 }
 
