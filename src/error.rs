@@ -35,6 +35,12 @@ pub enum Error {
     /// The thing asked for does not exist (or is not visible to the caller).
     #[error("{0}")]
     NotFound(String),
+    /// The thing to create exists already (an alias, say): 409 M_UNKNOWN.
+    #[error("{0}")]
+    Conflict(String),
+    /// The room version is not one this server supports.
+    #[error("{0}")]
+    UnsupportedRoomVersion(String),
     /// No such endpoint.
     #[error("Unrecognized request")]
     Unrecognized,
@@ -56,6 +62,9 @@ pub enum Error {
     /// The desired user id is taken.
     #[error("User ID already taken")]
     UserInUse,
+    /// The account has been deactivated.
+    #[error("This account has been deactivated")]
+    UserDeactivated,
     /// Guest access is not offered.
     #[error("Guest access is not allowed")]
     GuestAccessForbidden,

@@ -6,6 +6,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod ratelimit;
+pub mod room;
 pub mod server;
 pub mod signing_key;
 pub mod state;

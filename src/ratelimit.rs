@@ -16,6 +16,8 @@ pub enum Action {
     Login,
     /// `POST /register`.
     Register,
+    /// Registration-token validity checks (a token guessing oracle otherwise).
+    TokenValidity,
 }
 
 #[derive(Debug)]
@@ -43,7 +45,9 @@ impl RateLimiter {
     fn rate(&self, action: Action) -> (f64, f64) {
         match action {
             Action::Login => (self.config.login_per_second, f64::from(self.config.login_burst)),
-            Action::Register => (self.config.register_per_second, f64::from(self.config.register_burst)),
+            Action::Register | Action::TokenValidity => {
+                (self.config.register_per_second, f64::from(self.config.register_burst))
+            }
         }
     }
 

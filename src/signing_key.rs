@@ -96,9 +96,14 @@ pub fn parse(text: &str) -> Result<ServerKey, String> {
     if version.is_empty() || !version.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(format!("invalid key version {version:?}"));
     }
-    let seed = STANDARD_NO_PAD
-        .decode(seed.trim_end_matches('='))
-        .map_err(|e| format!("the seed is not base64: {e}"))?;
+    // Lenient like Synapse: the spec's own test key has non-zero trailing bits.
+    let lenient = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_allow_trailing_bits(true)
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let seed = lenient.decode(seed).map_err(|e| format!("the seed is not base64: {e}"))?;
     let seed: [u8; 32] = seed.try_into().map_err(|_| "the seed is not 32 bytes".to_string())?;
     let der =
         SigningKey::from_bytes(&seed).to_pkcs8_der().map_err(|e| format!("cannot encode the key: {e}"))?;

@@ -20,6 +20,11 @@ async fn body_errors_are_not_json_bad_json_and_too_large(backend: Backend) {
     let (status, body) =
         server.request_raw(Method::POST, "/_matrix/client/v3/login", None, b"{not json".to_vec()).await;
     assert_eq!((status, body["errcode"].as_str()), (400, Some("M_NOT_JSON")), "{body}");
+    // Valid JSON syntax but invalid UTF-8 inside a string is not JSON either.
+    let (status, body) = server
+        .request_raw(Method::POST, "/_matrix/client/v3/register", None, b"{\"test\":\"a\x81\"}".to_vec())
+        .await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_NOT_JSON")), "{body}");
     let (status, body) = server.post("/_matrix/client/v3/login", None, json!({ "type": 7 })).await;
     assert_eq!((status, body["errcode"].as_str()), (400, Some("M_BAD_JSON")), "{body}");
     let (status, body) = server.post("/_matrix/client/v3/register", None, json!({ "username": ["x"] })).await;
@@ -64,6 +69,15 @@ async fn tokens_are_checked_from_header_and_query(backend: Backend) {
     let (status, body) =
         server.get(&format!("/_matrix/client/v3/account/whoami?access_token={}", alice.token), None).await;
     assert_eq!((status, body["user_id"].as_str()), (200, Some("@alice:test.local")), "{body}");
+    // The scheme name is case-insensitive.
+    let response = server
+        .http()
+        .get(server.url("/_matrix/client/v3/account/whoami"))
+        .header("Authorization", format!("bearer {}", alice.token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
     let (status, body) = server.get("/_matrix/client/v3/devices?access_token=nope", None).await;
     assert_eq!((status, body["errcode"].as_str()), (401, Some("M_UNKNOWN_TOKEN")));
 }
@@ -143,8 +157,7 @@ async fn discovery_endpoints(backend: Backend) {
     let user = server.register("gus", "pw").await;
     let (status, body) = server.get("/_matrix/client/v3/capabilities", Some(&user.token)).await;
     assert_eq!(status, 200, "{body}");
-    // Absent means enabled (the spec's default); it must not say false.
-    assert_ne!(body["capabilities"]["m.change_password"]["enabled"], false, "{body}");
+    assert_eq!(body["capabilities"]["m.change_password"]["enabled"], true, "{body}");
     let rooms = &body["capabilities"]["m.room_versions"];
     assert_eq!(rooms["default"], "12");
     for v in ["10", "11", "12"] {

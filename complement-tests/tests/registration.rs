@@ -23,6 +23,10 @@ async fn dummy_flow_creates_a_logged_in_user(backend: Backend) {
     assert_eq!(body["flows"], json!([{ "stages": ["m.login.dummy"] }]));
     let session = body["session"].as_str().expect("session").to_owned();
     assert!(body.get("completed").is_none());
+    // An empty body (what Element sends first) gets the flows too.
+    let (status, body) = server.post(REGISTER, None, json!({})).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["flows"], json!([{ "stages": ["m.login.dummy"] }]));
 
     let (status, body) = server
         .post(
@@ -84,7 +88,25 @@ async fn taken_and_bad_names_are_refused(backend: Backend) {
     let (status, body) = server.post(REGISTER, None, json!({ "username": "carol", "password": "x" })).await;
     assert_eq!((status, body["errcode"].as_str()), (400, Some("M_USER_IN_USE")), "{body}");
 
-    for bad in ["Carol", "car ol", "car:ol", "_carol", "12345", "ünïcode"] {
+    // Capitals are mapped to lower case (as Synapse does), so "Carol" is taken too.
+    let (status, body) = server
+        .post(
+            REGISTER,
+            None,
+            json!({ "username": "Carol", "password": "x", "auth": { "type": "m.login.dummy" } }),
+        )
+        .await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_USER_IN_USE")), "{body}");
+    let (status, body) = server
+        .post(
+            REGISTER,
+            None,
+            json!({ "username": "User-UPPER", "password": "x", "auth": { "type": "m.login.dummy" } }),
+        )
+        .await;
+    assert_eq!((status, body["user_id"].as_str()), (200, Some("@user-upper:test.local")), "{body}");
+
+    for bad in ["car ol", "car:ol", "_carol", "12345", "ünïcode"] {
         let (status, body) = server
             .post(
                 REGISTER,
@@ -156,6 +178,8 @@ async fn token_flow_needs_a_configured_token(backend: Backend) {
     assert_eq!((status, &body), (200, &json!({ "valid": true })));
     let (status, body) = server.get(&format!("{validity}?token=nope"), None).await;
     assert_eq!((status, &body), (200, &json!({ "valid": false })));
+    let (status, body) = server.get(validity, None).await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_MISSING_PARAM")), "{body}");
 }
 
 async fn registration_off_refuses_and_cli_creates_users(backend: Backend) {

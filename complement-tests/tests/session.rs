@@ -55,8 +55,13 @@ async fn login_accepts_identifier_and_legacy_user(backend: Backend) {
     // Logging in again on a known device replaces that device's token.
     let mut req = password_login(json!("alice"), "correct horse");
     req["device_id"] = json!("PHONE");
+    req["initial_device_display_name"] = json!("Phone");
     let (_, first) = server.post("/_matrix/client/v3/login", None, req.clone()).await;
+    // The display name of a known device is not replaced on login.
+    req["initial_device_display_name"] = json!("Renamed");
     let (_, second) = server.post("/_matrix/client/v3/login", None, req).await;
+    let (_, device) = server.get("/_matrix/client/v3/devices/PHONE", second["access_token"].as_str()).await;
+    assert_eq!(device["display_name"], "Phone");
     assert_eq!(first["device_id"], "PHONE");
     assert_eq!(second["device_id"], "PHONE");
     let (status, body) =
@@ -118,6 +123,10 @@ async fn devices_list_rename_and_delete_with_uia(backend: Backend) {
         )
         .await;
     assert_eq!(status, 200);
+    // Without display_name the name stays.
+    let (status, _) =
+        server.put(&format!("/_matrix/client/v3/devices/{}", other.device_id), t, json!({})).await;
+    assert_eq!(status, 200);
     let (_, device) = server.get(&format!("/_matrix/client/v3/devices/{}", other.device_id), t).await;
     assert_eq!(device["display_name"], "Tablet");
 
@@ -134,6 +143,12 @@ async fn devices_list_rename_and_delete_with_uia(backend: Backend) {
     assert_eq!(body["flows"], json!([{ "stages": ["m.login.password"] }]));
     let session = body["session"].as_str().unwrap().to_owned();
     let auth = |password: &str| json!({ "auth": { "type": "m.login.password", "identifier": { "type": "m.id.user", "user": "carol" }, "password": password, "session": session } });
+    // Another user's identity is refused outright.
+    server.register("mallory", "mpw").await;
+    let as_mallory = json!({ "auth": { "type": "m.login.password", "password": "mpw", "session": session,
+                                       "identifier": { "type": "m.id.user", "user": "mallory" } } });
+    let (status, body) = server.request(Method::DELETE, &path, t, Some(as_mallory)).await;
+    assert_eq!((status, body["errcode"].as_str()), (403, Some("M_FORBIDDEN")), "{body}");
     let (status, body) = server.request(Method::DELETE, &path, t, Some(auth("wrong"))).await;
     assert_eq!((status, body["errcode"].as_str()), (401, Some("M_FORBIDDEN")), "{body}");
     // Still there, still working.

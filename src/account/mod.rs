@@ -133,6 +133,14 @@ fn new_device_id() -> OwnedDeviceId {
     id.into()
 }
 
+/// Device ids chosen by clients: 1 to 255 bytes.
+pub fn validate_device_id(device_id: &ruma::DeviceId) -> Result<()> {
+    if device_id.as_str().is_empty() || device_id.as_str().len() > 255 {
+        return Err(Error::InvalidParam("device_id must be 1 to 255 bytes".into()));
+    }
+    Ok(())
+}
+
 /// Creates an account. `password` of `None` makes an account that cannot log
 /// in with a password.
 pub async fn create_user(
@@ -173,9 +181,7 @@ pub async fn issue_session(
     ip: Option<&str>,
 ) -> Result<Session> {
     let device_id = device_id.unwrap_or_else(new_device_id);
-    if device_id.as_str().is_empty() || device_id.as_str().len() > 255 {
-        return Err(Error::InvalidParam("device_id must be 1 to 255 characters".into()));
-    }
+    validate_device_id(&device_id)?;
     let access_token = new_access_token();
     devices::login(
         &state.db,
@@ -195,12 +201,13 @@ pub async fn issue_session(
 pub async fn check_password(state: &AppState, localpart: &str, password: &str) -> Result<OwnedUserId> {
     let forbidden = || Error::Forbidden("Invalid username or password".into());
     let user = users::by_localpart(&state.db, localpart).await?.ok_or_else(forbidden)?;
-    if user.deactivated {
-        return Err(Error::Forbidden("This account has been deactivated".into()));
-    }
     let hash = user.password_hash.ok_or_else(forbidden)?;
     if !verify_password(hash, password.to_owned()).await? {
         return Err(forbidden());
+    }
+    // Only someone who knows the password learns that the account is gone.
+    if user.deactivated {
+        return Err(Error::UserDeactivated);
     }
     OwnedUserId::try_from(user.user_id).map_err(|e| Error::Internal(format!("stored user id: {e}")))
 }
@@ -229,9 +236,6 @@ pub async fn change_password(
     new_password: String,
     logout_devices: bool,
 ) -> Result<()> {
-    if new_password.is_empty() {
-        return Err(Error::InvalidParam("The new password must not be empty".into()));
-    }
     let hash = hash_password(new_password).await?;
     users::set_password_hash(&state.db, requester.user_id.as_str(), &hash).await?;
     if logout_devices {

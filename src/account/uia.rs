@@ -43,16 +43,32 @@ impl Purpose {
     }
 }
 
-/// Runs one round of UIA. `Ok(())` means a flow is complete and the operation
-/// may proceed (the session is then used up); otherwise the error is the 401
-/// challenge (or a plain error for a session that does not belong here).
+/// A completed UIA session. The operation it authorised calls
+/// [`Grant::finish`] once it has succeeded; until then the session stays, so a
+/// client retrying after a failure is not asked to authenticate again.
+#[must_use = "finish the grant once the operation succeeded"]
+#[derive(Debug)]
+pub struct Grant {
+    session_id: String,
+}
+
+impl Grant {
+    /// Ends the session (and sweeps out stale ones).
+    pub async fn finish(self, state: &AppState) -> Result<()> {
+        uia::delete(&state.db, &self.session_id, storage::now_ms() - SESSION_LIFETIME_MS).await
+    }
+}
+
+/// Runs one round of UIA. `Ok(grant)` means a flow is complete and the
+/// operation may proceed; otherwise the error is the 401 challenge (or a plain
+/// error for a session or identity that does not belong here).
 pub async fn authorize(
     state: &AppState,
     purpose: Purpose,
     requester: Option<&Requester>,
     flows: &[&[&str]],
     auth: Option<&AuthData>,
-) -> Result<()> {
+) -> Result<Grant> {
     let user = requester.map(|r| r.user_id.as_str());
     let now = storage::now_ms();
     let (session_id, mut completed) = match auth.and_then(AuthData::session) {
@@ -102,7 +118,9 @@ pub async fn authorize(
                 (UserIdentifier::Matrix(id), Some(requester)) => {
                     let localpart = local_localpart(&id.user, &state.settings.server_name)?;
                     if localpart != requester.user_id.localpart() {
-                        Err(("M_FORBIDDEN", "The identifier does not match the logged-in user".to_owned()))
+                        return Err(Error::Forbidden(
+                            "The identifier does not match the logged-in user".into(),
+                        ));
                     } else {
                         match check_password(state, &localpart, &p.password).await {
                             Ok(_) => Ok(PASSWORD),
@@ -137,12 +155,7 @@ pub async fn authorize(
     }
 
     let done = flows.iter().any(|flow| flow.iter().all(|stage| completed.iter().any(|c| c == stage)));
-    if done {
-        uia::delete(&state.db, &session_id, now - SESSION_LIFETIME_MS).await?;
-        Ok(())
-    } else {
-        Err(challenge(completed, None))
-    }
+    if done { Ok(Grant { session_id }) } else { Err(challenge(completed, None)) }
 }
 
 fn new_session_id() -> String {

@@ -87,9 +87,12 @@ impl<T> Ruma<T> {
 fn access_token(parts: &http::request::Parts) -> Result<Option<String>> {
     if let Some(value) = parts.headers.get(http::header::AUTHORIZATION) {
         let value = value.to_str().map_err(|_| Error::UnknownToken)?;
-        return match value.strip_prefix("Bearer ") {
-            Some(token) => Ok(Some(token.trim().to_owned())),
-            None => Err(Error::MissingToken),
+        // The scheme name is case-insensitive (RFC 6750 / RFC 9110).
+        return match value.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
+                Ok(Some(token.trim().to_owned()))
+            }
+            _ => Err(Error::MissingToken),
         };
     }
     let query = parts.uri.query().unwrap_or("");
@@ -103,6 +106,9 @@ fn map_parse_error(e: FromHttpRequestError) -> Error {
         FromHttpRequestError::MethodMismatch { .. } => Error::MethodNotAllowed,
         FromHttpRequestError::Deserialization(e) => match e {
             DeserializationError::Json(e) => Error::BadJson(format!("Invalid request body: {e}")),
+            DeserializationError::Query(e) if e.to_string().starts_with("missing field") => {
+                Error::MissingParam(format!("Missing query parameter: {e}"))
+            }
             DeserializationError::Query(e) => Error::InvalidParam(format!("Invalid query parameter: {e}")),
             DeserializationError::Ident(e) => Error::InvalidParam(format!("Invalid identifier: {e}")),
             DeserializationError::Header(e) => Error::InvalidParam(format!("Invalid header: {e}")),
@@ -148,7 +154,11 @@ where
             return Err(too_large(limit));
         }
         let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large(limit))?;
-        if !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+        // serde skips ignored strings without checking their UTF-8, so check it first.
+        if !bytes.is_empty()
+            && (std::str::from_utf8(&bytes).is_err()
+                || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err())
+        {
             return Err(Error::NotJson("The request body is not valid JSON".into()));
         }
 
@@ -177,13 +187,43 @@ impl<R: OutgoingResponse> IntoResponse for RumaResponse<R> {
 }
 
 /// Mounts `handler` for endpoint `T` on every path the spec has given it.
-pub fn route<T, F, Fut>(mut router: Router<AppState>, handler: F) -> Router<AppState>
+pub fn route<T, F, Fut>(router: Router<AppState>, handler: F) -> Router<AppState>
 where
     T: IncomingRequest + Send + 'static,
     T::Authentication: AuthRule,
     T::OutgoingResponse: Send + 'static,
     F: Fn(AppState, Ruma<T>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<T::OutgoingResponse>> + Send + 'static,
+{
+    mount::<T, _, _, _>(router, move |state, req| {
+        let handler = handler.clone();
+        async move { handler(state, req).await.map(RumaResponse) }
+    })
+}
+
+/// Like [`route`], for handlers that answer with JSON they build themselves:
+/// where ruma's response type cannot say what clients need (a field ruma
+/// omits at its default value, say).
+pub fn route_json<T, F, Fut>(router: Router<AppState>, handler: F) -> Router<AppState>
+where
+    T: IncomingRequest + Send + 'static,
+    T::Authentication: AuthRule,
+    F: Fn(AppState, Ruma<T>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<serde_json::Value>> + Send + 'static,
+{
+    mount::<T, _, _, _>(router, move |state, req| {
+        let handler = handler.clone();
+        async move { handler(state, req).await.map(axum::Json) }
+    })
+}
+
+fn mount<T, F, Fut, R>(mut router: Router<AppState>, handler: F) -> Router<AppState>
+where
+    T: IncomingRequest + Send + 'static,
+    T::Authentication: AuthRule,
+    F: Fn(AppState, Ruma<T>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<R>> + Send + 'static,
+    R: IntoResponse + 'static,
 {
     let filter = match MethodFilter::try_from(<T as Metadata>::METHOD) {
         Ok(filter) => filter,
@@ -194,7 +234,7 @@ where
         router = router.route(
             path,
             on(filter, move |State(state): State<AppState>, req: Ruma<T>| async move {
-                handler(state, req).await.map(RumaResponse)
+                handler(state, req).await
             }),
         );
     }

@@ -31,7 +31,8 @@ pub struct TokenOwner {
 }
 
 /// Gives the device a new token, creating the device if it does not exist
-/// (an existing device keeps its display name unless a new one is given).
+/// (an existing device keeps its display name: the spec ignores
+/// `initial_device_display_name` for a known device).
 pub async fn login(
     db: &Db,
     user_id: &str,
@@ -46,7 +47,6 @@ pub async fn login(
          VALUES ($1, $2, $3, $4, $5, $5, $6) \
          ON CONFLICT (user_id, device_id) DO UPDATE SET \
            token_hash = excluded.token_hash, \
-           display_name = COALESCE(excluded.display_name, devices.display_name), \
            last_seen_ts = excluded.last_seen_ts, last_seen_ip = excluded.last_seen_ip",
     )
     .bind(user_id)
@@ -153,6 +153,20 @@ pub async fn delete(db: &Db, user_id: &str, device_id: &str) -> Result<bool> {
         .execute(&db.pool)
         .await?;
     Ok(r.rows_affected() > 0)
+}
+
+/// Deletes several devices of a user in one transaction; unknown ids are skipped.
+pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str]) -> Result<()> {
+    let mut tx = db.pool.begin().await?;
+    for device_id in device_ids {
+        sqlx::query("DELETE FROM devices WHERE user_id = $1 AND device_id = $2")
+            .bind(user_id)
+            .bind(*device_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Deletes every device of a user except `keep`.

@@ -6,12 +6,16 @@
 //! One module per table family; storage knows tables and queries, not Matrix
 //! rules.
 
+pub mod aliases;
 pub mod devices;
+pub mod events;
+pub mod rooms;
 pub mod uia;
 pub mod users;
 
 use std::borrow::Cow;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
@@ -36,16 +40,44 @@ pub struct Db {
     pub pool: AnyPool,
     /// Which backend `pool` talks to.
     pub backend: Backend,
+    /// SQLite has one writer at a time: room writes queue here instead of
+    /// spinning on SQLITE_BUSY. Unused on PostgreSQL, which locks the room row.
+    sqlite_writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A write transaction on one room: holds the room's lock (the SQLite writer
+/// slot, or the PostgreSQL row lock) until commit or drop.
+pub struct RoomTx {
+    /// The transaction.
+    pub tx: sqlx::Transaction<'static, sqlx::Any>,
+    _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl RoomTx {
+    /// The connection to run statements on.
+    pub fn conn(&mut self) -> &mut sqlx::AnyConnection {
+        &mut self.tx
+    }
+
+    /// Commits.
+    pub async fn commit(self) -> Result<()> {
+        self.tx.commit().await?;
+        Ok(())
+    }
 }
 
 /// A migration set: (version, description, SQL).
 type MigrationSet = &'static [(i64, &'static str, &'static str)];
 
-const SQLITE_MIGRATIONS: MigrationSet =
-    &[(1, "accounts", include_str!("../../migrations/sqlite/0001_accounts.sql"))];
+const SQLITE_MIGRATIONS: MigrationSet = &[
+    (1, "accounts", include_str!("../../migrations/sqlite/0001_accounts.sql")),
+    (2, "rooms", include_str!("../../migrations/sqlite/0002_rooms.sql")),
+];
 
-const POSTGRES_MIGRATIONS: MigrationSet =
-    &[(1, "accounts", include_str!("../../migrations/postgres/0001_accounts.sql"))];
+const POSTGRES_MIGRATIONS: MigrationSet = &[
+    (1, "accounts", include_str!("../../migrations/postgres/0001_accounts.sql")),
+    (2, "rooms", include_str!("../../migrations/postgres/0002_rooms.sql")),
+];
 
 impl Db {
     /// Connects (creating the SQLite file if needed) and applies pending
@@ -80,7 +112,7 @@ impl Db {
             }
             Backend::Postgres => pool_options.max_connections(16).connect_with(options).await?,
         };
-        let db = Self { pool, backend };
+        let db = Self { pool, backend, sqlite_writer: Arc::new(tokio::sync::Mutex::new(())) };
         db.migrate().await?;
         Ok(db)
     }
@@ -104,6 +136,29 @@ impl Db {
             .collect();
         Migrator::with_migrations(migrations).run(&self.pool).await?;
         Ok(())
+    }
+
+    /// Starts a write transaction that serialises with every other write to
+    /// `room_id` (pass `None` to create a room: only the SQLite writer slot
+    /// is taken, and the new room's row is the lock from then on).
+    pub async fn begin_room_write(&self, room_id: Option<&str>) -> Result<RoomTx> {
+        match self.backend {
+            Backend::Sqlite => {
+                let guard = self.sqlite_writer.clone().lock_owned().await;
+                let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+                Ok(RoomTx { tx, _writer: Some(guard) })
+            }
+            Backend::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                if let Some(room_id) = room_id {
+                    sqlx::query("SELECT room_id FROM rooms WHERE room_id = $1 FOR UPDATE")
+                        .bind(room_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                }
+                Ok(RoomTx { tx, _writer: None })
+            }
+        }
     }
 
     /// Closes every connection; SQLite checkpoints its WAL on the last close.

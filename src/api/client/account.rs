@@ -55,17 +55,21 @@ async fn register(state: AppState, req: Ruma<register::v3::Request>) -> Result<r
         state.rate_limiter.check(Action::Register, ip)?;
     }
     // Check what can be checked before the client does any UIA stage, so a
-    // taken or malformed name is reported at once.
+    // taken or malformed name is reported at once. Names are mapped to lower
+    // case, as the spec allows and Synapse does.
     let localpart = match &body.username {
-        Some(name) => name.clone(),
+        Some(name) => name.to_lowercase(),
         None => generated_localpart(),
     };
     account::check_available(&state, &localpart).await?;
-    let password = body.password.clone().ok_or_else(|| Error::MissingParam("password is required".into()))?;
-    if password.is_empty() {
-        return Err(Error::InvalidParam("The password must not be empty".into()));
+    if let Some(device_id) = &body.device_id {
+        account::validate_device_id(device_id)?;
     }
-    uia::authorize(&state, uia::Purpose::Register, None, flows, body.auth.as_ref()).await?;
+    let grant = uia::authorize(&state, uia::Purpose::Register, None, flows, body.auth.as_ref()).await?;
+    let password = match body.password.clone() {
+        Some(p) if !p.is_empty() => p,
+        _ => return Err(Error::MissingParam("A non-empty password is required".into())),
+    };
 
     let user_id = account::create_user(&state, &localpart, Some(password), false).await?;
     let mut response = register::v3::Response::new(user_id.clone());
@@ -81,6 +85,7 @@ async fn register(state: AppState, req: Ruma<register::v3::Request>) -> Result<r
         response.access_token = Some(session.access_token);
         response.device_id = Some(session.device_id);
     }
+    grant.finish(&state).await?;
     Ok(response)
 }
 
@@ -97,13 +102,14 @@ async fn token_validity(
     state: AppState,
     req: Ruma<check_registration_token_validity::v1::Request>,
 ) -> Result<check_registration_token_validity::v1::Response> {
-    if state.settings.registration != RegistrationMode::Token {
-        return Err(Error::Forbidden("Registration tokens are not enabled on this server".into()));
+    if state.settings.registration == RegistrationMode::Off {
+        return Err(Error::RegistrationDisabled);
     }
     if let Some(ip) = req.client_ip {
-        state.rate_limiter.check(Action::Register, ip)?;
+        state.rate_limiter.check(Action::TokenValidity, ip)?;
     }
-    let valid = state.settings.registration_tokens.iter().any(|t| t == &req.body.token);
+    let valid = state.settings.registration == RegistrationMode::Token
+        && state.settings.registration_tokens.iter().any(|t| t == &req.body.token);
     Ok(check_registration_token_validity::v1::Response::new(valid))
 }
 
@@ -112,7 +118,10 @@ async fn change_password(
     req: Ruma<change_password::v3::Request>,
 ) -> Result<change_password::v3::Response> {
     let me = req.requester()?;
-    uia::authorize(
+    if req.body.new_password.is_empty() {
+        return Err(Error::InvalidParam("The new password must not be empty".into()));
+    }
+    let grant = uia::authorize(
         &state,
         uia::Purpose::ChangePassword,
         Some(me),
@@ -121,5 +130,6 @@ async fn change_password(
     )
     .await?;
     account::change_password(&state, me, req.body.new_password.clone(), req.body.logout_devices).await?;
+    grant.finish(&state).await?;
     Ok(change_password::v3::Response::new())
 }

@@ -29,6 +29,14 @@ fn to_device(row: DeviceRow) -> Device {
     device
 }
 
+async fn authorize_with_password(
+    state: &AppState,
+    me: &crate::account::Requester,
+    auth: &Option<ruma::api::client::uiaa::AuthData>,
+) -> Result<uia::Grant> {
+    uia::authorize(state, uia::Purpose::DeleteDevices, Some(me), &[&[uia::PASSWORD]], auth.as_ref()).await
+}
+
 fn no_such_device() -> Error {
     Error::NotFound("No device with that id".into())
 }
@@ -52,13 +60,14 @@ async fn update(
     req: Ruma<update_device::v3::Request>,
 ) -> Result<update_device::v3::Response> {
     let me = req.requester()?;
-    let found = devices::set_display_name(
-        &state.db,
-        me.user_id.as_str(),
-        req.body.device_id.as_str(),
-        req.body.display_name.as_deref(),
-    )
-    .await?;
+    // Without `display_name` the name is unchanged; the device must still exist.
+    let found = match req.body.display_name.as_deref() {
+        Some(name) => {
+            devices::set_display_name(&state.db, me.user_id.as_str(), req.body.device_id.as_str(), Some(name))
+                .await?
+        }
+        None => devices::get(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?.is_some(),
+    };
     if !found {
         return Err(no_such_device());
     }
@@ -75,15 +84,9 @@ async fn delete(
     if devices::get(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?.is_none() {
         return Err(no_such_device());
     }
-    uia::authorize(
-        &state,
-        uia::Purpose::DeleteDevices,
-        Some(me),
-        &[&[uia::PASSWORD]],
-        req.body.auth.as_ref(),
-    )
-    .await?;
+    let grant = authorize_with_password(&state, me, &req.body.auth).await?;
     devices::delete(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?;
+    grant.finish(&state).await?;
     Ok(delete_device::v3::Response::new())
 }
 
@@ -92,16 +95,9 @@ async fn delete_many(
     req: Ruma<delete_devices::v3::Request>,
 ) -> Result<delete_devices::v3::Response> {
     let me = req.requester()?;
-    uia::authorize(
-        &state,
-        uia::Purpose::DeleteDevices,
-        Some(me),
-        &[&[uia::PASSWORD]],
-        req.body.auth.as_ref(),
-    )
-    .await?;
-    for device_id in &req.body.devices {
-        devices::delete(&state.db, me.user_id.as_str(), device_id.as_str()).await?;
-    }
+    let grant = authorize_with_password(&state, me, &req.body.auth).await?;
+    let ids: Vec<&str> = req.body.devices.iter().map(|d| d.as_str()).collect();
+    devices::delete_many(&state.db, me.user_id.as_str(), &ids).await?;
+    grant.finish(&state).await?;
     Ok(delete_devices::v3::Response::new())
 }

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use axum::Router;
 use ruma::RoomVersionId;
 use ruma::api::client::discovery::get_capabilities::v3::{
-    Capabilities, ChangePasswordCapability, RoomVersionStability, RoomVersionsCapability,
+    Capabilities, RoomVersionStability, RoomVersionsCapability,
 };
 use ruma::api::client::discovery::{discover_homeserver, get_capabilities, get_supported_versions};
 
-use crate::api::extract::{Ruma, route};
+use crate::api::extract::{Ruma, route, route_json};
 use crate::error::Result;
 use crate::state::AppState;
 
@@ -24,7 +24,7 @@ pub const SUPPORTED_VERSIONS: &[&str] = &[
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, well_known);
     let router = route(router, versions);
-    route(router, capabilities)
+    route_json(router, capabilities)
 }
 
 async fn well_known(
@@ -46,13 +46,16 @@ async fn versions(
 async fn capabilities(
     _state: AppState,
     _req: Ruma<get_capabilities::v3::Request>,
-) -> Result<get_capabilities::v3::Response> {
+) -> Result<serde_json::Value> {
     let mut capabilities = Capabilities::new();
-    capabilities.change_password = ChangePasswordCapability::new(true);
     let available: BTreeMap<_, _> = [RoomVersionId::V10, RoomVersionId::V11, RoomVersionId::V12]
         .into_iter()
         .map(|v| (v, RoomVersionStability::Stable))
         .collect();
     capabilities.room_versions = RoomVersionsCapability::new(RoomVersionId::V12, available);
-    Ok(get_capabilities::v3::Response::new(capabilities))
+    let mut body = serde_json::json!({ "capabilities": capabilities });
+    // ruma leaves a capability out at its default value; clients (and
+    // Complement) look for this one explicitly.
+    body["capabilities"]["m.change_password"] = serde_json::json!({ "enabled": true });
+    Ok(body)
 }

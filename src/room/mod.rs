@@ -1,0 +1,29 @@
+//! Rooms: the domain. Every event is a signed PDU of the room's version
+//! (`pdu`), authorised by the spec's rules through ruma-state-res and given the
+//! room's next seq in the transaction that stores it (`timeline`). Knows
+//! nothing of HTTP.
+
+pub mod create;
+pub mod format;
+pub mod pdu;
+pub mod timeline;
+
+use ruma::RoomVersionId;
+use ruma::room_version_rules::RoomVersionRules;
+
+use crate::error::{Error, Result};
+
+/// Room versions this server creates rooms in.
+pub const CREATABLE_VERSIONS: &[RoomVersionId] =
+    &[RoomVersionId::V10, RoomVersionId::V11, RoomVersionId::V12];
+
+/// The default version for new rooms (the spec recommends 12 since v1.16).
+pub const DEFAULT_VERSION: RoomVersionId = RoomVersionId::V12;
+
+/// The rules of a stored room's version.
+pub fn rules_for(version: &str) -> Result<(RoomVersionId, RoomVersionRules)> {
+    let id = RoomVersionId::try_from(version)
+        .map_err(|_| Error::Internal(format!("stored room version {version:?} is invalid")))?;
+    let rules = id.rules().ok_or_else(|| Error::Internal(format!("room version {version} has no rules")))?;
+    Ok((id, rules))
+}

@@ -1,0 +1,384 @@
+//! PDUs: building, hashing, signing and event ids (via ruma-signatures), and
+//! the parsed form the authorisation rules read (ruma-state-res's `Event`).
+//!
+//! Every event seqline creates is a real, signed PDU of its room's version, so
+//! that federation can take it as it is.
+
+use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
+use ruma::events::TimelineEventType;
+use ruma::room_version_rules::{EventIdFormatVersion, RoomVersionRules};
+use ruma::serde::Raw;
+use ruma::{
+    EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, OwnedUserId, RoomId, ServerName, UInt,
+    UserId,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue as RawJsonValue;
+
+use crate::error::{Error, Result};
+use crate::signing_key::ServerKey;
+
+/// The largest PDU the spec allows, in bytes of canonical JSON.
+pub const MAX_PDU_BYTES: usize = 65_536;
+
+/// What a local sender wants to put in a room, before it is a PDU.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    /// Event type.
+    pub kind: String,
+    /// `Some` for state events.
+    pub state_key: Option<String>,
+    /// The event content, as sent.
+    pub content: CanonicalJsonObject,
+    /// The sender.
+    pub sender: OwnedUserId,
+    /// For `m.room.redaction`: the event redacted (top-level `redacts` before
+    /// room version 11, inside `content` from 11 on).
+    pub redacts: Option<OwnedEventId>,
+}
+
+/// A stored or freshly built PDU, parsed enough for authorisation and serving.
+#[derive(Debug, Clone)]
+pub struct Pdu {
+    /// Event id (computed from the reference hash for v3+ rooms).
+    pub event_id: OwnedEventId,
+    /// `None` only for the create event of a v12+ room.
+    pub room_id: Option<OwnedRoomId>,
+    /// Sender.
+    pub sender: OwnedUserId,
+    /// Origin timestamp.
+    pub origin_server_ts: MilliSecondsSinceUnixEpoch,
+    /// Event type.
+    pub kind: TimelineEventType,
+    /// Content, raw.
+    pub content: Box<RawJsonValue>,
+    /// State key for state events.
+    pub state_key: Option<String>,
+    /// Previous events in the DAG.
+    pub prev_events: Vec<OwnedEventId>,
+    /// Auth events.
+    pub auth_events: Vec<OwnedEventId>,
+    /// Redaction target, wherever the room version puts it.
+    pub redacts: Option<OwnedEventId>,
+    /// Depth in the DAG.
+    pub depth: u64,
+    /// The whole PDU as canonical JSON.
+    pub json: CanonicalJsonObject,
+}
+
+#[derive(Deserialize)]
+struct PduFields {
+    room_id: Option<OwnedRoomId>,
+    sender: OwnedUserId,
+    origin_server_ts: MilliSecondsSinceUnixEpoch,
+    #[serde(rename = "type")]
+    kind: TimelineEventType,
+    content: Box<RawJsonValue>,
+    state_key: Option<String>,
+    #[serde(default)]
+    prev_events: Vec<OwnedEventId>,
+    #[serde(default)]
+    auth_events: Vec<OwnedEventId>,
+    redacts: Option<OwnedEventId>,
+    #[serde(default)]
+    depth: UInt,
+}
+
+#[derive(Deserialize)]
+struct RedactsInContent {
+    redacts: Option<OwnedEventId>,
+}
+
+impl Pdu {
+    /// Parses a PDU whose event id is known.
+    pub fn from_canonical(event_id: OwnedEventId, json: CanonicalJsonObject) -> Result<Self> {
+        let value = serde_json::to_string(&json).map_err(|e| Error::Internal(format!("pdu json: {e}")))?;
+        let fields: PduFields =
+            serde_json::from_str(&value).map_err(|e| Error::Internal(format!("pdu fields: {e}")))?;
+        let redacts = match fields.redacts {
+            Some(r) => Some(r),
+            None if fields.kind == TimelineEventType::RoomRedaction => {
+                serde_json::from_str::<RedactsInContent>(fields.content.get()).ok().and_then(|c| c.redacts)
+            }
+            None => None,
+        };
+        Ok(Self {
+            event_id,
+            room_id: fields.room_id,
+            sender: fields.sender,
+            origin_server_ts: fields.origin_server_ts,
+            kind: fields.kind,
+            content: fields.content,
+            state_key: fields.state_key,
+            prev_events: fields.prev_events,
+            auth_events: fields.auth_events,
+            redacts,
+            depth: fields.depth.into(),
+            json,
+        })
+    }
+
+    /// Parses a stored PDU (its JSON text as kept in the `events` table).
+    pub fn from_stored(event_id: &str, json: &str) -> Result<Self> {
+        let event_id =
+            EventId::parse(event_id).map_err(|e| Error::Internal(format!("stored event id: {e}")))?;
+        let json: CanonicalJsonObject =
+            serde_json::from_str(json).map_err(|e| Error::Internal(format!("stored pdu: {e}")))?;
+        Self::from_canonical(event_id, json)
+    }
+
+    /// Content deserialised as `T`.
+    pub fn content_as<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        serde_json::from_str(self.content.get()).ok()
+    }
+
+    /// The PDU as JSON text, for storage.
+    pub fn to_json_string(&self) -> String {
+        serde_json::to_string(&self.json).unwrap_or_default()
+    }
+}
+
+impl ruma::state_res::Event for Pdu {
+    type Id = OwnedEventId;
+
+    fn event_id(&self) -> &Self::Id {
+        &self.event_id
+    }
+    fn room_id(&self) -> Option<&RoomId> {
+        self.room_id.as_deref()
+    }
+    fn sender(&self) -> &UserId {
+        &self.sender
+    }
+    fn origin_server_ts(&self) -> MilliSecondsSinceUnixEpoch {
+        self.origin_server_ts
+    }
+    fn event_type(&self) -> &TimelineEventType {
+        &self.kind
+    }
+    fn content(&self) -> &RawJsonValue {
+        &self.content
+    }
+    fn state_key(&self) -> Option<&str> {
+        self.state_key.as_deref()
+    }
+    fn prev_events(&self) -> Box<dyn DoubleEndedIterator<Item = &Self::Id> + '_> {
+        Box::new(self.prev_events.iter())
+    }
+    fn auth_events(&self) -> Box<dyn DoubleEndedIterator<Item = &Self::Id> + '_> {
+        Box::new(self.auth_events.iter())
+    }
+    fn redacts(&self) -> Option<&Self::Id> {
+        self.redacts.as_ref()
+    }
+    fn rejected(&self) -> bool {
+        false
+    }
+}
+
+/// Where a new event goes in the DAG.
+#[derive(Debug, Clone)]
+pub struct Placement<'a> {
+    /// The room, or `None` for a v12 create event (whose id becomes the room id).
+    pub room_id: Option<&'a RoomId>,
+    /// Previous events (the room's forward extremities).
+    pub prev_events: Vec<OwnedEventId>,
+    /// Auth events chosen by the auth-events selection rules.
+    pub auth_events: Vec<OwnedEventId>,
+    /// Depth: one more than the deepest prev event.
+    pub depth: u64,
+    /// Origin timestamp.
+    pub origin_server_ts: MilliSecondsSinceUnixEpoch,
+}
+
+/// Builds, hashes and signs a PDU; returns it parsed, with its event id.
+pub fn build(
+    rules: &RoomVersionRules,
+    server_name: &ServerName,
+    key: &ServerKey,
+    draft: &Draft,
+    placement: Placement<'_>,
+) -> Result<Pdu> {
+    if rules.event_id_format == EventIdFormatVersion::V1 {
+        return Err(Error::Internal("creating events in room versions 1 and 2 is not supported".into()));
+    }
+    let ids = |ids: &[OwnedEventId]| {
+        CanonicalJsonValue::Array(ids.iter().map(|id| CanonicalJsonValue::String(id.to_string())).collect())
+    };
+    let mut content = draft.content.clone();
+    let mut object = CanonicalJsonObject::new();
+    if let Some(redacts) = &draft.redacts {
+        if rules.redaction.content_field_redacts {
+            content.insert("redacts".into(), CanonicalJsonValue::String(redacts.to_string()));
+        } else {
+            object.insert("redacts".into(), CanonicalJsonValue::String(redacts.to_string()));
+        }
+    }
+    object.insert("auth_events".into(), ids(&placement.auth_events));
+    object.insert("content".into(), CanonicalJsonValue::Object(content));
+    object.insert("depth".into(), CanonicalJsonValue::Integer(int(placement.depth)?));
+    object.insert(
+        "origin_server_ts".into(),
+        CanonicalJsonValue::Integer(int(u64::from(placement.origin_server_ts.0))?),
+    );
+    object.insert("prev_events".into(), ids(&placement.prev_events));
+    if let Some(room_id) = placement.room_id {
+        object.insert("room_id".into(), CanonicalJsonValue::String(room_id.to_string()));
+    }
+    object.insert("sender".into(), CanonicalJsonValue::String(draft.sender.to_string()));
+    if let Some(state_key) = &draft.state_key {
+        object.insert("state_key".into(), CanonicalJsonValue::String(state_key.clone()));
+    }
+    object.insert("type".into(), CanonicalJsonValue::String(draft.kind.clone()));
+
+    ruma::signatures::hash_and_sign_event(server_name.as_str(), &key.pair, &mut object, &rules.redaction)
+        .map_err(|e| match e {
+            ruma::signatures::JsonError::PduTooLarge => too_large(),
+            other => Error::Internal(format!("signing failed: {other}")),
+        })?;
+    let size = serde_json::to_string(&object).map(|s| s.len()).unwrap_or(usize::MAX);
+    if size > MAX_PDU_BYTES {
+        return Err(too_large());
+    }
+    let hash = ruma::signatures::reference_hash(&object, rules).map_err(|e| match e {
+        ruma::signatures::JsonError::PduTooLarge => too_large(),
+        other => Error::Internal(format!("reference hash failed: {other}")),
+    })?;
+    let event_id =
+        EventId::parse(format!("${hash}")).map_err(|e| Error::Internal(format!("event id: {e}")))?;
+    Pdu::from_canonical(event_id, object)
+}
+
+fn too_large() -> Error {
+    Error::TooLarge(format!("The event is larger than {MAX_PDU_BYTES} bytes"))
+}
+
+fn int(n: u64) -> Result<ruma::Int> {
+    ruma::Int::try_from(n).map_err(|_| Error::Internal("integer out of range".into()))
+}
+
+/// Turns a client's JSON object into canonical JSON, refusing what canonical
+/// JSON cannot hold (floats, integers beyond 2^53).
+pub fn canonical_content(value: serde_json::Value) -> Result<CanonicalJsonObject> {
+    match CanonicalJsonValue::try_from(value) {
+        Ok(CanonicalJsonValue::Object(object)) => Ok(object),
+        Ok(_) => Err(Error::BadJson("The event content must be a JSON object".into())),
+        Err(e) => Err(Error::BadJson(format!("The event content is not valid canonical JSON: {e}"))),
+    }
+}
+
+/// Raw JSON of a value, for ruma's `Raw` fields.
+pub fn raw<T>(json: &CanonicalJsonObject) -> Option<Raw<T>> {
+    serde_json::value::to_raw_value(json).ok().map(Raw::from_json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ruma::signatures::{PublicKeyMap, PublicKeySet};
+    use serde_json::json;
+
+    /// The key of the spec's signing test vectors (Appendices, "Signing key").
+    fn spec_key() -> ServerKey {
+        crate::signing_key::parse("ed25519 1 YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1").unwrap()
+    }
+
+    #[test]
+    fn spec_vector_event_hash_and_signature() {
+        // Appendices, "Signing events": the minimal event and its expected hash and signature.
+        let mut object: CanonicalJsonObject = serde_json::from_value(json!({
+            "room_id": "!x:domain",
+            "sender": "@a:domain",
+            "origin": "domain",
+            "origin_server_ts": 1000000,
+            "signatures": {},
+            "hashes": {},
+            "type": "X",
+            "content": {},
+            "prev_events": [],
+            "auth_events": [],
+            "depth": 3,
+            "unsigned": { "age_ts": 1000000 }
+        }))
+        .unwrap();
+        let rules = ruma::RoomVersionId::V1.rules().unwrap();
+        ruma::signatures::hash_and_sign_event("domain", &spec_key().pair, &mut object, &rules.redaction)
+            .unwrap();
+        let value = serde_json::to_value(&object).unwrap();
+        assert_eq!(value["hashes"]["sha256"], "5jM4wQpv6lnBo7CLIghJuHdW+s2CMBJPUOGOC89ncos");
+        assert_eq!(
+            value["signatures"]["domain"]["ed25519:1"],
+            "KxwGjPSDEtvnFgU00fwFz+l6d2pJM6XBIaMEn81SXPTRl16AqLAYqfIReFGZlHi5KLjAWbOoMszkwsQma+lYAg"
+        );
+    }
+
+    #[test]
+    fn built_events_verify_and_have_reference_hash_ids() {
+        let key = spec_key();
+        let server: &ServerName = "domain".try_into().unwrap();
+        for version in [ruma::RoomVersionId::V10, ruma::RoomVersionId::V11, ruma::RoomVersionId::V12] {
+            let rules = version.rules().unwrap();
+            let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
+            let draft = Draft {
+                kind: "m.room.message".into(),
+                state_key: None,
+                content: canonical_content(json!({ "msgtype": "m.text", "body": "hello" })).unwrap(),
+                sender: "@a:domain".try_into().unwrap(),
+                redacts: None,
+            };
+            let pdu = build(
+                &rules,
+                server,
+                &key,
+                &draft,
+                Placement {
+                    room_id: Some(&room_id),
+                    prev_events: vec![],
+                    auth_events: vec![],
+                    depth: 1,
+                    origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1_000_000u32)),
+                },
+            )
+            .unwrap();
+            // The id is the URL-safe reference hash, and the signature verifies.
+            let hash = ruma::signatures::reference_hash(&pdu.json, &rules).unwrap();
+            assert_eq!(pdu.event_id.as_str(), format!("${hash}"));
+            assert!(!hash.contains('+') && !hash.contains('/'));
+            let mut keys = PublicKeySet::new();
+            keys.insert(key.key_id(), ruma::serde::Base64::new(key.pair.public_key().to_vec()));
+            let mut map = PublicKeyMap::new();
+            map.insert("domain".into(), keys);
+            ruma::signatures::verify_event(&map, &pdu.json, &rules).unwrap();
+            assert_eq!(pdu.depth, 1);
+        }
+    }
+
+    #[test]
+    fn oversized_events_are_too_large() {
+        let key = spec_key();
+        let rules = ruma::RoomVersionId::V11.rules().unwrap();
+        let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
+        let draft = Draft {
+            kind: "m.room.message".into(),
+            state_key: None,
+            content: canonical_content(json!({ "body": "x".repeat(70_000) })).unwrap(),
+            sender: "@a:domain".try_into().unwrap(),
+            redacts: None,
+        };
+        let placement = Placement {
+            room_id: Some(&room_id),
+            prev_events: vec![],
+            auth_events: vec![],
+            depth: 1,
+            origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1u32)),
+        };
+        let err = build(&rules, "domain".try_into().unwrap(), &key, &draft, placement).unwrap_err();
+        assert!(matches!(err, Error::TooLarge(_)), "{err:?}");
+    }
+
+    #[test]
+    fn floats_are_not_canonical() {
+        assert!(matches!(canonical_content(json!({ "x": 1.5 })), Err(Error::BadJson(_))));
+        assert!(matches!(canonical_content(json!([1])), Err(Error::BadJson(_))));
+    }
+}

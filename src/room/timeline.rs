@@ -1,0 +1,256 @@
+//! The write path of a room: each event is authorised against the room's
+//! current state and appended at the room's next seq, in one transaction that
+//! holds the room's lock (see `storage::Db::begin_room_write`). Several drafts
+//! can go in one transaction (createRoom, bulk membership): consecutive seqs,
+//! each authorised against the state the previous ones left.
+
+use std::collections::HashMap;
+
+use ruma::events::{StateEventType, TimelineEventType};
+use ruma::room_version_rules::RoomVersionRules;
+use ruma::{MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, RoomId, RoomVersionId, UInt};
+
+use super::pdu::{self, Draft, Pdu, Placement};
+use crate::error::{Error, Result};
+use crate::state::AppState;
+use crate::storage::events::{self, NewEvent, Txn};
+use crate::storage::{self, RoomTx, rooms};
+
+/// The transaction a client send belongs to.
+#[derive(Debug, Clone)]
+pub struct ClientTxn {
+    /// Sending device.
+    pub device_id: String,
+    /// Endpoint family: `send`, `redact`, `state`.
+    pub scope: &'static str,
+    /// Client transaction id.
+    pub txn_id: String,
+}
+
+/// What a write did.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    /// The event (new, or the one an earlier identical request created).
+    pub pdu: Pdu,
+    /// Its seq.
+    pub seq: i64,
+    /// False when nothing was stored: a repeated transaction or identical state.
+    pub is_new: bool,
+}
+
+/// The room as a write transaction sees it.
+pub struct RoomWriter {
+    /// The room.
+    pub room_id: OwnedRoomId,
+    /// Its version.
+    pub version: RoomVersionId,
+    /// And that version's rules.
+    pub rules: RoomVersionRules,
+    last_seq: i64,
+    extremities: Vec<OwnedEventId>,
+    max_depth: i64,
+    /// State loaded so far, by (type, state key); `None` = known absent.
+    state: HashMap<(String, String), Option<Pdu>>,
+    /// The same events by id, for the auth-event lookups.
+    by_id: HashMap<OwnedEventId, Pdu>,
+    tx: RoomTx,
+}
+
+impl RoomWriter {
+    /// Opens a write on an existing room; 404 if it does not exist.
+    pub async fn open(state: &AppState, room_id: &RoomId) -> Result<Self> {
+        let mut tx = state.db.begin_room_write(Some(room_id.as_str())).await?;
+        let room = rooms::get_tx(tx.conn(), room_id.as_str())
+            .await?
+            .ok_or_else(|| Error::NotFound("Unknown room".into()))?;
+        let (version, rules) = super::rules_for(&room.room_version)?;
+        let extremities = room
+            .extremities
+            .iter()
+            .map(|id| OwnedEventId::try_from(id.as_str()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::Internal(format!("stored extremity: {e}")))?;
+        Ok(Self {
+            room_id: room_id.to_owned(),
+            version,
+            rules,
+            last_seq: room.last_seq,
+            extremities,
+            max_depth: room.max_depth,
+            state: HashMap::new(),
+            by_id: HashMap::new(),
+            tx,
+        })
+    }
+
+    /// Starts a new room inside an open transaction (used by createRoom once
+    /// the create event, and so the room id, is known).
+    pub fn new_room(
+        room_id: OwnedRoomId,
+        version: RoomVersionId,
+        rules: RoomVersionRules,
+        tx: RoomTx,
+    ) -> Self {
+        Self {
+            room_id,
+            version,
+            rules,
+            last_seq: 0,
+            extremities: Vec::new(),
+            max_depth: 0,
+            state: HashMap::new(),
+            by_id: HashMap::new(),
+            tx,
+        }
+    }
+
+    /// The transaction's connection.
+    pub fn conn(&mut self) -> &mut sqlx::AnyConnection {
+        self.tx.conn()
+    }
+
+    /// The current state event for (type, key), as this transaction sees it.
+    pub async fn state_event(&mut self, kind: &str, state_key: &str) -> Result<Option<&Pdu>> {
+        let key = (kind.to_owned(), state_key.to_owned());
+        if !self.state.contains_key(&key) {
+            let stored =
+                events::current_state_event(self.tx.conn(), self.room_id.as_str(), kind, state_key).await?;
+            let pdu = stored.map(|e| Pdu::from_stored(&e.event_id, &e.json)).transpose()?;
+            if let Some(p) = &pdu {
+                self.by_id.insert(p.event_id.clone(), p.clone());
+            }
+            self.state.insert(key.clone(), pdu);
+        }
+        Ok(self.state.get(&key).and_then(Option::as_ref))
+    }
+
+    /// Authorises `draft` and appends it at the next seq. Identical state (same
+    /// type, key, sender and content as the current event) appends nothing and
+    /// returns the current event; so does a repeated client transaction.
+    pub async fn append(
+        &mut self,
+        state: &AppState,
+        draft: &Draft,
+        txn: Option<&ClientTxn>,
+    ) -> Result<Appended> {
+        let sender = draft.sender.as_str();
+        if let Some(t) = txn {
+            let key = Txn { user_id: sender, device_id: &t.device_id, scope: t.scope, txn_id: &t.txn_id };
+            if let Some(event_id) = events::txn_event(self.tx.conn(), key).await? {
+                let stored = events::by_id_tx(self.tx.conn(), &event_id)
+                    .await?
+                    .ok_or_else(|| Error::Internal("transaction points at a missing event".into()))?;
+                let pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
+                return Ok(Appended { pdu, seq: stored.seq, is_new: false });
+            }
+        }
+        let content_raw = serde_json::value::to_raw_value(&draft.content)
+            .map_err(|e| Error::Internal(format!("content: {e}")))?;
+        if let Some(state_key) = &draft.state_key
+            && let Some(current) = self.state_event(&draft.kind, state_key).await?
+            && current.sender == draft.sender
+            && current.content.get() == content_raw.get()
+        {
+            let pdu = current.clone();
+            let seq = events::by_id_tx(self.tx.conn(), pdu.event_id.as_str()).await?.map_or(0, |e| e.seq);
+            return Ok(Appended { pdu, seq, is_new: false });
+        }
+
+        let kind = TimelineEventType::from(draft.kind.as_str());
+        let auth_types = ruma::state_res::auth_types_for_event(
+            &kind,
+            &draft.sender,
+            draft.state_key.as_deref(),
+            &content_raw,
+            &self.rules.authorization,
+        )
+        .map_err(|e| Error::BadJson(format!("Invalid event: {e}")))?;
+        let mut auth_events = Vec::new();
+        for (state_type, state_key) in &auth_types {
+            if let Some(p) = self.state_event(&state_type.to_string(), state_key).await? {
+                auth_events.push(p.event_id.clone());
+            }
+        }
+        // The dependent checks read the create event even where (v12) it is
+        // not an auth event.
+        self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
+
+        let now = storage::now_ms();
+        let placement = Placement {
+            room_id: if kind == TimelineEventType::RoomCreate
+                && self.rules.authorization.room_create_event_id_as_room_id
+            {
+                None
+            } else {
+                Some(&self.room_id)
+            },
+            prev_events: self.extremities.clone(),
+            auth_events,
+            depth: u64::try_from(self.max_depth + 1).unwrap_or(1),
+            origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
+        };
+        let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
+
+        ruma::state_res::check_state_independent_auth_rules(&self.rules.authorization, &pdu, |id| {
+            self.by_id.get(id)
+        })
+        .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))?;
+        ruma::state_res::check_state_dependent_auth_rules(&self.rules.authorization, &pdu, |t, k| {
+            self.state.get(&(t.to_string(), k.to_owned())).and_then(Option::as_ref)
+        })
+        .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))?;
+
+        let seq = self.last_seq + 1;
+        let json = pdu.to_json_string();
+        let new = NewEvent {
+            room_id: self.room_id.as_str(),
+            seq,
+            event_id: pdu.event_id.as_str(),
+            event_type: &draft.kind,
+            state_key: draft.state_key.as_deref(),
+            sender,
+            origin_server_ts: now,
+            json: &json,
+            txn: txn.map(|t| (t.device_id.as_str(), t.txn_id.as_str())),
+        };
+        events::insert(self.tx.conn(), &new).await?;
+        if let Some(target) = &pdu.redacts {
+            events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
+        }
+        if let Some(t) = txn {
+            let key = Txn { user_id: sender, device_id: &t.device_id, scope: t.scope, txn_id: &t.txn_id };
+            events::put_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?;
+        }
+        self.last_seq = seq;
+        self.max_depth = i64::try_from(pdu.depth).unwrap_or(i64::MAX);
+        self.extremities = vec![pdu.event_id.clone()];
+        self.by_id.insert(pdu.event_id.clone(), pdu.clone());
+        if let Some(state_key) = &draft.state_key {
+            self.state.insert((draft.kind.clone(), state_key.clone()), Some(pdu.clone()));
+        }
+        Ok(Appended { pdu, seq, is_new: true })
+    }
+
+    /// Saves the new head of the seq line and commits everything appended.
+    pub async fn commit(mut self) -> Result<()> {
+        let extremities: Vec<String> = self.extremities.iter().map(ToString::to_string).collect();
+        rooms::set_head(self.tx.conn(), self.room_id.as_str(), self.last_seq, &extremities, self.max_depth)
+            .await?;
+        self.tx.commit().await
+    }
+}
+
+/// Appends one event to an existing room.
+pub async fn append(
+    state: &AppState,
+    room_id: &RoomId,
+    draft: &Draft,
+    txn: Option<&ClientTxn>,
+) -> Result<Appended> {
+    let mut writer = RoomWriter::open(state, room_id).await?;
+    let appended = writer.append(state, draft, txn).await?;
+    if appended.is_new {
+        writer.commit().await?;
+    }
+    Ok(appended)
+}

@@ -1,0 +1,201 @@
+//! The `events` table (each room's seq line), `room_state` (current state) and
+//! `txn_ids` (idempotent sends).
+
+use sqlx::AnyConnection;
+
+use super::Db;
+use crate::error::Result;
+
+/// An event as stored.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    /// The room.
+    pub room_id: String,
+    /// Its place on the room's seq line.
+    pub seq: i64,
+    /// Event id.
+    pub event_id: String,
+    /// The full PDU.
+    pub json: String,
+    /// The redaction that redacted it, if any.
+    pub redacted_by: Option<String>,
+    /// Sending device, for `unsigned.transaction_id`.
+    pub txn_device_id: Option<String>,
+    /// Its transaction id.
+    pub txn_id: Option<String>,
+}
+
+type Row = (String, i64, String, String, Option<String>, Option<String>, Option<String>);
+
+fn from_row((room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): Row) -> StoredEvent {
+    StoredEvent { room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id }
+}
+
+const COLUMNS: &str = "e.room_id, e.seq, e.event_id, e.json, e.redacted_by, e.txn_device_id, e.txn_id";
+
+/// A new row for the `events` table.
+#[derive(Debug)]
+pub struct NewEvent<'a> {
+    /// Room.
+    pub room_id: &'a str,
+    /// Seq.
+    pub seq: i64,
+    /// Event id.
+    pub event_id: &'a str,
+    /// Type.
+    pub event_type: &'a str,
+    /// State key.
+    pub state_key: Option<&'a str>,
+    /// Sender.
+    pub sender: &'a str,
+    /// Timestamp.
+    pub origin_server_ts: i64,
+    /// PDU.
+    pub json: &'a str,
+    /// Sending device and transaction id.
+    pub txn: Option<(&'a str, &'a str)>,
+}
+
+/// Appends an event at its seq and, for state events, makes it current state.
+pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO events (room_id, seq, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(e.room_id)
+    .bind(e.seq)
+    .bind(e.event_id)
+    .bind(e.event_type)
+    .bind(e.state_key)
+    .bind(e.sender)
+    .bind(e.origin_server_ts)
+    .bind(e.json)
+    .bind(e.txn.map(|t| t.0))
+    .bind(e.txn.map(|t| t.1))
+    .execute(&mut *conn)
+    .await?;
+    if let Some(state_key) = e.state_key {
+        sqlx::query(
+            "INSERT INTO room_state (room_id, event_type, state_key, event_id, seq) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_id = excluded.event_id, seq = excluded.seq",
+        )
+        .bind(e.room_id)
+        .bind(e.event_type)
+        .bind(state_key)
+        .bind(e.event_id)
+        .bind(e.seq)
+        .execute(conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The current state event for (type, state key), inside a transaction.
+pub async fn current_state_event(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+) -> Result<Option<StoredEvent>> {
+    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM room_state s JOIN events e ON e.event_id = s.event_id \
+         WHERE s.room_id = $1 AND s.event_type = $2 AND s.state_key = $3"
+    )))
+    .bind(room_id)
+    .bind(event_type)
+    .bind(state_key)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(from_row))
+}
+
+/// Every current state event of a room, in seq order.
+pub async fn current_state(db: &Db, room_id: &str) -> Result<Vec<StoredEvent>> {
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM room_state s JOIN events e ON e.event_id = s.event_id \
+         WHERE s.room_id = $1 ORDER BY e.seq"
+    )))
+    .bind(room_id)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().map(from_row).collect())
+}
+
+/// The current state event for (type, state key).
+pub async fn state_event(
+    db: &Db,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+) -> Result<Option<StoredEvent>> {
+    let mut conn = db.pool.acquire().await?;
+    current_state_event(&mut conn, room_id, event_type, state_key).await
+}
+
+/// One event by id.
+pub async fn by_id(db: &Db, event_id: &str) -> Result<Option<StoredEvent>> {
+    let mut conn = db.pool.acquire().await?;
+    by_id_tx(&mut conn, event_id).await
+}
+
+/// One event by id, inside a transaction.
+pub async fn by_id_tx(conn: &mut AnyConnection, event_id: &str) -> Result<Option<StoredEvent>> {
+    let row: Option<Row> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM events e WHERE e.event_id = $1")))
+            .bind(event_id)
+            .fetch_optional(conn)
+            .await?;
+    Ok(row.map(from_row))
+}
+
+/// Marks `target` as redacted by `redaction`.
+pub async fn set_redacted_by(conn: &mut AnyConnection, target: &str, redaction: &str) -> Result<()> {
+    sqlx::query("UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL")
+        .bind(redaction)
+        .bind(target)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// A device's transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct Txn<'a> {
+    /// User.
+    pub user_id: &'a str,
+    /// Device.
+    pub device_id: &'a str,
+    /// Which endpoint family (`send`, `redact`).
+    pub scope: &'a str,
+    /// The client's transaction id.
+    pub txn_id: &'a str,
+}
+
+/// The event a transaction produced, if it ran before.
+pub async fn txn_event(conn: &mut AnyConnection, t: Txn<'_>) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT event_id FROM txn_ids WHERE user_id = $1 AND device_id = $2 AND scope = $3 AND txn_id = $4",
+    )
+    .bind(t.user_id)
+    .bind(t.device_id)
+    .bind(t.scope)
+    .bind(t.txn_id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Records the event a transaction produced.
+pub async fn put_txn(conn: &mut AnyConnection, t: Txn<'_>, event_id: &str, now: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO txn_ids (user_id, device_id, scope, txn_id, event_id, created_ts) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(t.user_id)
+    .bind(t.device_id)
+    .bind(t.scope)
+    .bind(t.txn_id)
+    .bind(event_id)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
