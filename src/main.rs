@@ -78,7 +78,7 @@ where
             }
         };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(quiet_libraries(&settings.log)))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -94,5 +94,15 @@ where
             eprintln!("seqline: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// ruma's auth checks log every passing event at INFO; keep them at WARN unless
+/// the filter says otherwise.
+fn quiet_libraries(filter: &str) -> String {
+    if filter.contains("ruma_state_res") {
+        filter.to_owned()
+    } else {
+        format!("{filter},ruma_state_res=warn")
     }
 }

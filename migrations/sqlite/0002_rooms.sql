@@ -39,9 +39,12 @@ CREATE TABLE room_state (
     event_type TEXT NOT NULL,
     state_key  TEXT NOT NULL,
     event_id   TEXT NOT NULL,
+    -- for m.room.member: content.membership, so "who is joined" is one index scan
+    membership TEXT,
     seq        INTEGER NOT NULL,
     PRIMARY KEY (room_id, event_type, state_key)
 );
+CREATE INDEX room_state_members ON room_state (event_type, state_key, membership);
 
 -- Idempotent sends: one event per (device, scope, txn id).
 CREATE TABLE txn_ids (

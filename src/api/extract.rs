@@ -127,6 +127,7 @@ where
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self> {
         let (mut parts, body) = req.into_parts();
+        let empty_state_key = parts.extensions.get::<EmptyStateKey>().is_some();
         let client_ip = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
         let path_args: Vec<String> = RawPathParams::from_request_parts(&mut parts, state)
             .await
@@ -162,7 +163,10 @@ where
             return Err(Error::NotJson("The request body is not valid JSON".into()));
         }
 
-        let args: Vec<&str> = path_args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = path_args.iter().map(String::as_str).collect();
+        if empty_state_key {
+            args.push("");
+        }
         let request = http::Request::from_parts(parts, &bytes[..]);
         let body = T::try_from_http_request(request, &args).map_err(map_parse_error)?;
         Ok(Self { body, requester, client_ip })
@@ -217,6 +221,50 @@ where
     })
 }
 
+/// Marks a request routed to a state endpoint without its `{state_key}`
+/// segment (`.../state/m.room.name` or `.../state/m.room.name/`, as clients
+/// send for the empty state key).
+#[derive(Debug, Clone, Copy)]
+struct EmptyStateKey;
+
+/// Like [`route`] for endpoints whose last path segment is `{state_key}`:
+/// also answers the forms without it, meaning the empty state key.
+pub fn route_state<T, F, Fut, R>(router: Router<AppState>, handler: F) -> Router<AppState>
+where
+    T: IncomingRequest + Send + 'static,
+    T::Authentication: AuthRule,
+    F: Fn(AppState, Ruma<T>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<R>> + Send + 'static,
+    R: IntoResponse + 'static,
+{
+    let filter = method_filter::<T>();
+    let mut router = mount::<T, _, _, _>(router, handler.clone());
+    for path in <T as Metadata>::PATH_BUILDER.all_paths() {
+        let Some(base) = path.strip_suffix("/{state_key}") else { continue };
+        for short in [base.to_owned(), format!("{base}/")] {
+            let handler = handler.clone();
+            router = router.route(
+                &short,
+                on(filter, move |State(state): State<AppState>, mut req: Request| async move {
+                    req.extensions_mut().insert(EmptyStateKey);
+                    match Ruma::<T>::from_request(req, &state).await {
+                        Ok(parsed) => handler(state, parsed).await.map(IntoResponse::into_response),
+                        Err(e) => Err(e),
+                    }
+                }),
+            );
+        }
+    }
+    router
+}
+
+fn method_filter<T: Metadata>() -> MethodFilter {
+    match MethodFilter::try_from(<T as Metadata>::METHOD) {
+        Ok(filter) => filter,
+        Err(_) => panic!("endpoint with unsupported method {}", <T as Metadata>::METHOD),
+    }
+}
+
 fn mount<T, F, Fut, R>(mut router: Router<AppState>, handler: F) -> Router<AppState>
 where
     T: IncomingRequest + Send + 'static,
@@ -225,10 +273,7 @@ where
     Fut: Future<Output = Result<R>> + Send + 'static,
     R: IntoResponse + 'static,
 {
-    let filter = match MethodFilter::try_from(<T as Metadata>::METHOD) {
-        Ok(filter) => filter,
-        Err(_) => panic!("endpoint with unsupported method {}", <T as Metadata>::METHOD),
-    };
+    let filter = method_filter::<T>();
     for path in <T as Metadata>::PATH_BUILDER.all_paths() {
         let handler = handler.clone();
         router = router.route(

@@ -6,6 +6,7 @@
 pub mod create;
 pub mod format;
 pub mod pdu;
+pub mod read;
 pub mod timeline;
 
 use ruma::RoomVersionId;

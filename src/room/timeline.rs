@@ -83,23 +83,28 @@ impl RoomWriter {
         })
     }
 
-    /// Starts a new room inside an open transaction (used by createRoom once
-    /// the create event, and so the room id, is known).
-    pub fn new_room(
+    /// Continues a new room whose create event (seq 1) was just stored in
+    /// `tx`: the room's row is the lock from now on.
+    pub(super) fn after_create(
         room_id: OwnedRoomId,
         version: RoomVersionId,
         rules: RoomVersionRules,
         tx: RoomTx,
+        create: Pdu,
     ) -> Self {
+        let mut state = HashMap::new();
+        let mut by_id = HashMap::new();
+        state.insert((StateEventType::RoomCreate.to_string(), String::new()), Some(create.clone()));
+        by_id.insert(create.event_id.clone(), create.clone());
         Self {
             room_id,
             version,
             rules,
-            last_seq: 0,
-            extremities: Vec::new(),
-            max_depth: 0,
-            state: HashMap::new(),
-            by_id: HashMap::new(),
+            last_seq: 1,
+            extremities: vec![create.event_id.clone()],
+            max_depth: i64::try_from(create.depth).unwrap_or(1),
+            state,
+            by_id,
             tx,
         }
     }
@@ -212,6 +217,7 @@ impl RoomWriter {
             origin_server_ts: now,
             json: &json,
             txn: txn.map(|t| (t.device_id.as_str(), t.txn_id.as_str())),
+            membership: member_value(&draft.kind, &draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
         if let Some(target) = &pdu.redacts {
@@ -253,4 +259,12 @@ pub async fn append(
         writer.commit().await?;
     }
     Ok(appended)
+}
+
+/// `content.membership` of a member event.
+pub fn member_value<'a>(
+    kind: &str,
+    content: &'a ruma::canonical_json::CanonicalJsonObject,
+) -> Option<&'a str> {
+    (kind == "m.room.member").then(|| content.get("membership").and_then(|m| m.as_str())).flatten()
 }

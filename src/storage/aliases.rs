@@ -5,12 +5,24 @@ use crate::error::{Error, Result};
 
 /// Creates an alias; a taken alias is `Conflict`.
 pub async fn create(db: &Db, alias: &str, room_id: &str, creator: &str, now: i64) -> Result<()> {
+    let mut conn = db.pool.acquire().await?;
+    create_tx(&mut conn, alias, room_id, creator, now).await
+}
+
+/// Creates an alias inside a transaction; a taken alias is `Conflict`.
+pub async fn create_tx(
+    conn: &mut sqlx::AnyConnection,
+    alias: &str,
+    room_id: &str,
+    creator: &str,
+    now: i64,
+) -> Result<()> {
     sqlx::query("INSERT INTO room_aliases (alias, room_id, creator, created_ts) VALUES ($1, $2, $3, $4)")
         .bind(alias)
         .bind(room_id)
         .bind(creator)
         .bind(now)
-        .execute(&db.pool)
+        .execute(conn)
         .await
         .map_err(|e| {
             if is_unique_violation(&e) {

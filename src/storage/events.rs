@@ -54,6 +54,8 @@ pub struct NewEvent<'a> {
     pub json: &'a str,
     /// Sending device and transaction id.
     pub txn: Option<(&'a str, &'a str)>,
+    /// For member events, `content.membership`.
+    pub membership: Option<&'a str>,
 }
 
 /// Appends an event at its seq and, for state events, makes it current state.
@@ -76,13 +78,15 @@ pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     .await?;
     if let Some(state_key) = e.state_key {
         sqlx::query(
-            "INSERT INTO room_state (room_id, event_type, state_key, event_id, seq) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_id = excluded.event_id, seq = excluded.seq",
+            "INSERT INTO room_state (room_id, event_type, state_key, event_id, membership, seq) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET \
+               event_id = excluded.event_id, membership = excluded.membership, seq = excluded.seq",
         )
         .bind(e.room_id)
         .bind(e.event_type)
         .bind(state_key)
         .bind(e.event_id)
+        .bind(e.membership)
         .bind(e.seq)
         .execute(conn)
         .await?;
@@ -198,4 +202,49 @@ pub async fn put_txn(conn: &mut AnyConnection, t: Txn<'_>, event_id: &str, now: 
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Rooms in which `user_id`'s current membership is `membership`.
+pub async fn rooms_with_membership(db: &Db, user_id: &str, membership: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT room_id FROM room_state WHERE event_type = 'm.room.member' AND state_key = $1 AND membership = $2 \
+         ORDER BY room_id",
+    )
+    .bind(user_id)
+    .bind(membership)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// A user's current membership in a room, if they have one.
+pub async fn current_membership(db: &Db, room_id: &str, user_id: &str) -> Result<Option<String>> {
+    let row: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT membership FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' AND state_key = $2",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .fetch_optional(&db.pool)
+    .await?;
+    Ok(row.flatten())
+}
+
+/// Every membership change of one user in one room: (seq, membership), in order.
+pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<(i64, String)>> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = 'm.room.member' AND state_key = $2 ORDER BY seq",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(seq, json)| {
+            let membership = serde_json::from_str::<serde_json::Value>(&json)
+                .ok()
+                .and_then(|v| v["content"]["membership"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "leave".to_owned());
+            (seq, membership)
+        })
+        .collect())
 }

@@ -3,6 +3,7 @@
 mod account;
 mod devices;
 mod discovery;
+mod rooms;
 mod session;
 
 use axum::Router;
@@ -14,5 +15,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = discovery::routes(router);
     let router = session::routes(router);
     let router = account::routes(router);
-    devices::routes(router)
+    let router = devices::routes(router);
+    rooms::routes(router)
 }

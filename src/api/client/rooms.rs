@@ -1,0 +1,322 @@
+//! Rooms: createRoom, sending messages and state, reading state and events,
+//! membership lists, redaction.
+
+use axum::Router;
+use ruma::api::client::membership::{get_member_events, joined_members, joined_rooms};
+use ruma::api::client::message::send_message_event;
+use ruma::api::client::redact::redact_event;
+use ruma::api::client::room::create_room::v3::RoomPreset;
+use ruma::api::client::room::{Visibility, create_room, get_room_event};
+use ruma::api::client::state::{get_state_event_for_key, get_state_events, send_state_event};
+use ruma::canonical_json::CanonicalJsonObject;
+use ruma::events::room::power_levels::{RoomPowerLevels, RoomPowerLevelsEventContent, RoomPowerLevelsSource};
+use ruma::{OwnedUserId, RoomAliasId};
+use serde_json::{Value, json};
+
+use crate::account::Requester;
+use crate::api::extract::{Ruma, RumaResponse, route, route_json, route_state};
+use crate::error::{Error, Result};
+use crate::room::create::{CreateRoom, Preset, create_room};
+use crate::room::pdu::{Draft, canonical_content};
+use crate::room::read::{self, MembershipHistory};
+use crate::room::timeline::{self, ClientTxn};
+use crate::room::{CREATABLE_VERSIONS, DEFAULT_VERSION};
+use crate::state::AppState;
+use crate::storage::events;
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = route(router, create);
+    let router = route(router, send_message);
+    let router = route_state(router, send_state);
+    let router = route_state(router, get_state_for_key);
+    let router = route_json(router, get_state);
+    let router = route_json(router, get_event);
+    let router = route(router, joined_rooms_list);
+    let router = route_json(router, joined_members_list);
+    let router = route_json(router, members);
+    route(router, redact)
+}
+
+fn object_of<T>(raw: &ruma::serde::Raw<T>, what: &str) -> Result<CanonicalJsonObject> {
+    let value: Value =
+        serde_json::from_str(raw.json().get()).map_err(|e| Error::BadJson(format!("{what}: {e}")))?;
+    canonical_content(value).map_err(|e| Error::BadJson(format!("{what}: {e}")))
+}
+
+async fn create(state: AppState, req: Ruma<create_room::v3::Request>) -> Result<create_room::v3::Response> {
+    let me = req.requester()?;
+    let body = &req.body;
+    let version = body.room_version.clone().unwrap_or(DEFAULT_VERSION);
+    if !CREATABLE_VERSIONS.contains(&version) {
+        return Err(Error::UnsupportedRoomVersion(format!(
+            "This server does not create rooms of version {version}"
+        )));
+    }
+    let preset = match &body.preset {
+        Some(RoomPreset::PrivateChat) => Preset::PrivateChat,
+        Some(RoomPreset::TrustedPrivateChat) => Preset::TrustedPrivateChat,
+        Some(RoomPreset::PublicChat) => Preset::PublicChat,
+        Some(other) => return Err(Error::BadJson(format!("Unknown preset {other:?}"))),
+        None if body.visibility == Visibility::Public => Preset::PublicChat,
+        None => Preset::PrivateChat,
+    };
+    let creation_content = match &body.creation_content {
+        Some(raw) => object_of(raw, "creation_content")?,
+        None => CanonicalJsonObject::new(),
+    };
+    let power_level_override = match &body.power_level_content_override {
+        Some(raw) => object_of(raw, "power_level_content_override")?,
+        None => CanonicalJsonObject::new(),
+    };
+    let mut initial_state = Vec::new();
+    for raw in &body.initial_state {
+        let event: Value = serde_json::from_str(raw.json().get())
+            .map_err(|e| Error::BadJson(format!("initial_state: {e}")))?;
+        let kind = event["type"]
+            .as_str()
+            .ok_or_else(|| Error::BadJson("initial_state events need a type".into()))?;
+        let state_key = event["state_key"].as_str().unwrap_or("");
+        let content = canonical_content(event["content"].clone())?;
+        initial_state.push((kind.to_owned(), state_key.to_owned(), content));
+    }
+    let alias = match &body.room_alias_name {
+        Some(name) => Some(
+            RoomAliasId::parse(format!("#{name}:{}", state.settings.server_name))
+                .map_err(|e| Error::InvalidParam(format!("Invalid room_alias_name: {e}")))?,
+        ),
+        None => None,
+    };
+    let invite: Vec<OwnedUserId> = body.invite.iter().filter(|u| **u != me.user_id).cloned().collect();
+    let room_id = create_room(
+        &state,
+        &me.user_id,
+        CreateRoom {
+            version,
+            preset,
+            creation_content,
+            power_level_override,
+            initial_state,
+            name: body.name.clone(),
+            topic: body.topic.clone(),
+            alias,
+            invite,
+            is_direct: body.is_direct,
+            publish: body.visibility == Visibility::Public,
+        },
+    )
+    .await?;
+    Ok(create_room::v3::Response::new(room_id))
+}
+
+fn txn(me: &Requester, scope: &'static str, txn_id: &str) -> ClientTxn {
+    ClientTxn { device_id: me.device_id.to_string(), scope, txn_id: txn_id.to_owned() }
+}
+
+async fn send_message(
+    state: AppState,
+    req: Ruma<send_message_event::v3::Request>,
+) -> Result<send_message_event::v3::Response> {
+    let me = req.requester()?;
+    let body = &req.body;
+    let draft = Draft {
+        kind: body.event_type.to_string(),
+        state_key: None,
+        content: object_of(&body.body, "content")?,
+        sender: me.user_id.clone(),
+        redacts: None,
+    };
+    let t = txn(me, "send", body.txn_id.as_str());
+    let appended = timeline::append(&state, &body.room_id, &draft, Some(&t)).await?;
+    Ok(send_message_event::v3::Response::new(appended.pdu.event_id))
+}
+
+async fn send_state(
+    state: AppState,
+    req: Ruma<send_state_event::v3::Request>,
+) -> Result<RumaResponse<send_state_event::v3::Response>> {
+    let me = req.requester()?;
+    let body = &req.body;
+    let draft = Draft {
+        kind: body.event_type.to_string(),
+        state_key: Some(body.state_key.clone()),
+        content: object_of(&body.body, "content")?,
+        sender: me.user_id.clone(),
+        redacts: None,
+    };
+    let appended = timeline::append(&state, &body.room_id, &draft, None).await?;
+    Ok(RumaResponse(send_state_event::v3::Response::new(appended.pdu.event_id)))
+}
+
+async fn get_state_for_key(
+    state: AppState,
+    req: Ruma<get_state_event_for_key::v3::Request>,
+) -> Result<axum::Json<Value>> {
+    let me = req.requester()?;
+    let body = &req.body;
+    let view = read::open(&state, &body.room_id).await?;
+    let history = read::require_joined(&state, &body.room_id, &me.user_id).await?;
+    let stored =
+        events::state_event(&state.db, body.room_id.as_str(), &body.event_type.to_string(), &body.state_key)
+            .await?
+            .ok_or_else(|| Error::NotFound("No such state event".into()))?;
+    let loaded = read::load(&state, stored).await?;
+    let event = read::format(&view, &loaded, me, &history);
+    let wants_event = matches!(body.format, get_state_event_for_key::v3::StateEventFormat::Event);
+    Ok(axum::Json(if wants_event { event } else { event["content"].clone() }))
+}
+
+async fn current_state_events(
+    state: &AppState,
+    view: &read::RoomView,
+    me: &Requester,
+    history: &MembershipHistory,
+) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for stored in events::current_state(&state.db, &view.room.room_id).await? {
+        let loaded = read::load(state, stored).await?;
+        out.push(read::format(view, &loaded, me, history));
+    }
+    Ok(out)
+}
+
+async fn get_state(state: AppState, req: Ruma<get_state_events::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let view = read::open(&state, &req.body.room_id).await?;
+    let history = read::require_joined(&state, &req.body.room_id, &me.user_id).await?;
+    Ok(Value::Array(current_state_events(&state, &view, me, &history).await?))
+}
+
+async fn get_event(state: AppState, req: Ruma<get_room_event::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let view = read::open(&state, &req.body.room_id).await?;
+    let history = MembershipHistory::load(&state, &req.body.room_id, &me.user_id).await?;
+    let not_found = || Error::NotFound("Event not found".into());
+    let loaded = read::load_by_id(&state, req.body.event_id.as_str()).await?;
+    if loaded.stored.room_id != req.body.room_id.as_str() {
+        return Err(not_found());
+    }
+    // Until the membership ranges decide visibility: members who are joined now
+    // or were joined when the event was sent may read it; anyone else gets the
+    // same 404 as for an unknown event.
+    if history.current() != "join" && history.at(loaded.stored.seq) != "join" {
+        return Err(not_found());
+    }
+    Ok(read::format(&view, &loaded, me, &history))
+}
+
+async fn joined_rooms_list(
+    state: AppState,
+    req: Ruma<joined_rooms::v3::Request>,
+) -> Result<joined_rooms::v3::Response> {
+    let me = req.requester()?;
+    let rooms = events::rooms_with_membership(&state.db, me.user_id.as_str(), "join").await?;
+    let rooms = rooms
+        .into_iter()
+        .map(|r| ruma::OwnedRoomId::try_from(r).map_err(|e| Error::Internal(format!("stored room id: {e}"))))
+        .collect::<Result<_>>()?;
+    Ok(joined_rooms::v3::Response::new(rooms))
+}
+
+async fn joined_members_list(state: AppState, req: Ruma<joined_members::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    read::open(&state, &req.body.room_id).await?;
+    read::require_joined(&state, &req.body.room_id, &me.user_id).await?;
+    let mut joined = serde_json::Map::new();
+    for stored in events::current_state(&state.db, req.body.room_id.as_str()).await? {
+        let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
+        if pdu.kind.to_string() != "m.room.member" {
+            continue;
+        }
+        let content: Value = pdu.content_as().unwrap_or_default();
+        if content["membership"] != "join" {
+            continue;
+        }
+        if let Some(user) = &pdu.state_key {
+            joined.insert(
+                user.clone(),
+                json!({ "display_name": content.get("displayname"), "avatar_url": content.get("avatar_url") }),
+            );
+        }
+    }
+    Ok(json!({ "joined": joined }))
+}
+
+async fn members(state: AppState, req: Ruma<get_member_events::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let body = &req.body;
+    let view = read::open(&state, &body.room_id).await?;
+    let history = read::require_joined(&state, &body.room_id, &me.user_id).await?;
+    let mut chunk = Vec::new();
+    for event in current_state_events(&state, &view, me, &history).await? {
+        if event["type"] != "m.room.member" {
+            continue;
+        }
+        let membership = event["content"]["membership"].as_str().unwrap_or("leave");
+        if body.membership.as_ref().is_some_and(|m| m.as_str() != membership) {
+            continue;
+        }
+        if body.not_membership.as_ref().is_some_and(|m| m.as_str() == membership) {
+            continue;
+        }
+        chunk.push(event);
+    }
+    Ok(json!({ "chunk": chunk }))
+}
+
+async fn redact(state: AppState, req: Ruma<redact_event::v3::Request>) -> Result<redact_event::v3::Response> {
+    let me = req.requester()?;
+    let body = &req.body;
+    let view = read::open(&state, &body.room_id).await?;
+    let target = read::load_by_id(&state, body.event_id.as_str()).await?;
+    if target.stored.room_id != body.room_id.as_str() {
+        return Err(Error::NotFound("Event not found".into()));
+    }
+    // The auth rules allow a redaction from anyone at the redact level; the
+    // client-server rule adds that others' events need that level, one's own
+    // only the right to send m.room.redaction.
+    let power = power_levels(&state, &view).await?;
+    let allowed = if target.pdu.sender == me.user_id {
+        power.user_can_redact_own_event(&me.user_id)
+    } else {
+        power.user_can_redact_event_of_other(&me.user_id)
+    };
+    if !allowed {
+        return Err(Error::Forbidden("You may not redact this event".into()));
+    }
+    let mut content = CanonicalJsonObject::new();
+    if let Some(reason) = &body.reason {
+        content.insert("reason".into(), ruma::canonical_json::CanonicalJsonValue::String(reason.clone()));
+    }
+    let draft = Draft {
+        kind: "m.room.redaction".into(),
+        state_key: None,
+        content,
+        sender: me.user_id.clone(),
+        redacts: Some(body.event_id.clone()),
+    };
+    let t = txn(me, "redact", body.txn_id.as_str());
+    let appended = timeline::append(&state, &body.room_id, &draft, Some(&t)).await?;
+    Ok(redact_event::v3::Response::new(appended.pdu.event_id))
+}
+
+/// The room's current power levels, with v12 creators' infinite power.
+async fn power_levels(state: &AppState, view: &read::RoomView) -> Result<RoomPowerLevels> {
+    let room_id = &view.room.room_id;
+    let content = match events::state_event(&state.db, room_id, "m.room.power_levels", "").await? {
+        Some(stored) => crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?
+            .content_as::<RoomPowerLevelsEventContent>()
+            .ok_or_else(|| Error::Internal("stored power levels do not parse".into()))?,
+        None => RoomPowerLevelsEventContent::new(&view.rules.authorization),
+    };
+    let mut creators =
+        vec![OwnedUserId::try_from(view.room.creator.as_str()).map_err(|e| Error::Internal(e.to_string()))?];
+    if let Some(create) = events::state_event(&state.db, room_id, "m.room.create", "").await? {
+        let pdu = crate::room::pdu::Pdu::from_stored(&create.event_id, &create.json)?;
+        let content: Value = pdu.content_as().unwrap_or_default();
+        if let Some(list) = content["additional_creators"].as_array() {
+            creators
+                .extend(list.iter().filter_map(|v| v.as_str()).filter_map(|s| OwnedUserId::try_from(s).ok()));
+        }
+    }
+    Ok(RoomPowerLevels::new(RoomPowerLevelsSource::Original(content), &view.rules.authorization, creators))
+}
