@@ -38,6 +38,9 @@ pub enum Error {
     /// The thing to create exists already (an alias, say): 409 M_UNKNOWN.
     #[error("{0}")]
     Conflict(String),
+    /// A canonical alias names an alias that does not point to the room.
+    #[error("{0}")]
+    BadAlias(String),
     /// A room alias given to createRoom is taken: 400 M_ROOM_IN_USE.
     #[error("{0}")]
     RoomInUse(String),

@@ -20,6 +20,7 @@ impl Error {
             Self::Forbidden(_) | Self::RegistrationDisabled => (StatusCode::FORBIDDEN, "M_FORBIDDEN"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "M_NOT_FOUND"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "M_UNKNOWN"),
+            Self::BadAlias(_) => (StatusCode::BAD_REQUEST, "M_BAD_ALIAS"),
             Self::RoomInUse(_) => (StatusCode::BAD_REQUEST, "M_ROOM_IN_USE"),
             Self::UnsupportedRoomVersion(_) => (StatusCode::BAD_REQUEST, "M_UNSUPPORTED_ROOM_VERSION"),
             Self::Unrecognized => (StatusCode::NOT_FOUND, "M_UNRECOGNIZED"),

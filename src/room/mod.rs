@@ -4,8 +4,10 @@
 //! nothing of HTTP.
 
 pub mod create;
+pub mod directory;
 pub mod format;
 pub mod pdu;
+pub mod power;
 pub mod read;
 pub mod timeline;
 

@@ -2,6 +2,7 @@
 
 mod account;
 mod devices;
+mod directory;
 mod discovery;
 mod rooms;
 mod session;
@@ -16,5 +17,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = session::routes(router);
     let router = account::routes(router);
     let router = devices::routes(router);
+    let router = directory::routes(router);
     rooms::routes(router)
 }

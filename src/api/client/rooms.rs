@@ -9,7 +9,6 @@ use ruma::api::client::room::create_room::v3::RoomPreset;
 use ruma::api::client::room::{Visibility, create_room, get_room_event};
 use ruma::api::client::state::{get_state_event_for_key, get_state_events, send_state_event};
 use ruma::canonical_json::CanonicalJsonObject;
-use ruma::events::room::power_levels::{RoomPowerLevels, RoomPowerLevelsEventContent, RoomPowerLevelsSource};
 use ruma::{OwnedUserId, RoomAliasId};
 use serde_json::{Value, json};
 
@@ -46,6 +45,9 @@ fn object_of<T>(raw: &ruma::serde::Raw<T>, what: &str) -> Result<CanonicalJsonOb
 async fn create(state: AppState, req: Ruma<create_room::v3::Request>) -> Result<create_room::v3::Response> {
     let me = req.requester()?;
     let body = &req.body;
+    if !body.invite_3pid.is_empty() {
+        return Err(third_party_invites_unsupported());
+    }
     let version = body.room_version.clone().unwrap_or(DEFAULT_VERSION);
     if !CREATABLE_VERSIONS.contains(&version) {
         return Err(Error::UnsupportedRoomVersion(format!(
@@ -108,6 +110,11 @@ async fn create(state: AppState, req: Ruma<create_room::v3::Request>) -> Result<
     Ok(create_room::v3::Response::new(room_id))
 }
 
+/// Third-party (identity server) invites are not offered.
+fn third_party_invites_unsupported() -> Error {
+    Error::Forbidden("Third-party invites are not supported on this server".into())
+}
+
 fn txn(me: &Requester, scope: &'static str, txn_id: &str) -> ClientTxn {
     ClientTxn { device_id: me.device_id.to_string(), scope, txn_id: txn_id.to_owned() }
 }
@@ -136,10 +143,20 @@ async fn send_state(
 ) -> Result<RumaResponse<send_state_event::v3::Response>> {
     let me = req.requester()?;
     let body = &req.body;
+    let kind = body.event_type.to_string();
+    let content = object_of(&body.body, "content")?;
+    match kind.as_str() {
+        "m.room.canonical_alias" => {
+            let value = serde_json::to_value(&content).map_err(|e| Error::Internal(e.to_string()))?;
+            crate::room::directory::validate_canonical_alias(&state, &body.room_id, &value).await?;
+        }
+        "m.room.third_party_invite" => return Err(third_party_invites_unsupported()),
+        _ => {}
+    }
     let draft = Draft {
-        kind: body.event_type.to_string(),
+        kind,
         state_key: Some(body.state_key.clone()),
-        content: object_of(&body.body, "content")?,
+        content,
         sender: me.user_id.clone(),
         redacts: None,
     };
@@ -274,7 +291,7 @@ async fn redact(state: AppState, req: Ruma<redact_event::v3::Request>) -> Result
     // The auth rules allow a redaction from anyone at the redact level; the
     // client-server rule adds that others' events need that level, one's own
     // only the right to send m.room.redaction.
-    let power = power_levels(&state, &view).await?;
+    let power = crate::room::power::current(&state, &view).await?;
     let allowed = if target.pdu.sender == me.user_id {
         power.user_can_redact_own_event(&me.user_id)
     } else {
@@ -297,26 +314,4 @@ async fn redact(state: AppState, req: Ruma<redact_event::v3::Request>) -> Result
     let t = txn(me, "redact", body.txn_id.as_str());
     let appended = timeline::append(&state, &body.room_id, &draft, Some(&t)).await?;
     Ok(redact_event::v3::Response::new(appended.pdu.event_id))
-}
-
-/// The room's current power levels, with v12 creators' infinite power.
-async fn power_levels(state: &AppState, view: &read::RoomView) -> Result<RoomPowerLevels> {
-    let room_id = &view.room.room_id;
-    let content = match events::state_event(&state.db, room_id, "m.room.power_levels", "").await? {
-        Some(stored) => crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?
-            .content_as::<RoomPowerLevelsEventContent>()
-            .ok_or_else(|| Error::Internal("stored power levels do not parse".into()))?,
-        None => RoomPowerLevelsEventContent::new(&view.rules.authorization),
-    };
-    let mut creators =
-        vec![OwnedUserId::try_from(view.room.creator.as_str()).map_err(|e| Error::Internal(e.to_string()))?];
-    if let Some(create) = events::state_event(&state.db, room_id, "m.room.create", "").await? {
-        let pdu = crate::room::pdu::Pdu::from_stored(&create.event_id, &create.json)?;
-        let content: Value = pdu.content_as().unwrap_or_default();
-        if let Some(list) = content["additional_creators"].as_array() {
-            creators
-                .extend(list.iter().filter_map(|v| v.as_str()).filter_map(|s| OwnedUserId::try_from(s).ok()));
-        }
-    }
-    Ok(RoomPowerLevels::new(RoomPowerLevelsSource::Original(content), &view.rules.authorization, creators))
 }
