@@ -96,9 +96,8 @@ pub async fn set_visibility(
     let view = read::open(state, room_id).await?;
     let power = super::power::current(state, &view).await?;
     let joined = read::MembershipHistory::load(state, room_id, user).await?.current() == "join";
-    if !is_admin
-        && !(joined && power.user_can_send_state(user, ruma::events::StateEventType::RoomCanonicalAlias))
-    {
+    let may = joined && power.user_can_send_state(user, ruma::events::StateEventType::RoomCanonicalAlias);
+    if !(is_admin || may) {
         return Err(Error::Forbidden("You may not change this room's directory listing".into()));
     }
     rooms::set_published(&state.db, room_id.as_str(), public).await
