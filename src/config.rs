@@ -66,6 +66,22 @@ pub struct Config {
     pub limits: Limits,
     /// Rate limits for login and registration.
     pub rate_limits: RateLimits,
+    /// History settings.
+    pub history: History,
+}
+
+/// History settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct History {
+    /// Power level a room member needs to purge the room's history.
+    pub purge_power_level: i64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self { purge_power_level: 100 }
+    }
 }
 
 /// Listener addresses.
@@ -123,6 +139,7 @@ impl Default for Config {
             registration: Registration::default(),
             limits: Limits::default(),
             rate_limits: RateLimits::default(),
+            history: History::default(),
         }
     }
 }
@@ -183,6 +200,8 @@ pub struct Settings {
     pub max_request_body_bytes: usize,
     /// Rate limits.
     pub rate_limits: RateLimits,
+    /// Power level needed to purge a room's history.
+    pub purge_power_level: i64,
 }
 
 impl Config {
@@ -345,6 +364,7 @@ impl Config {
             registration_tokens: self.registration.tokens,
             max_request_body_bytes: self.limits.max_request_body_bytes,
             rate_limits: self.rate_limits,
+            purge_power_level: self.history.purge_power_level,
         })
     }
 }

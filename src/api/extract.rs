@@ -177,6 +177,43 @@ fn too_large(limit: usize) -> Error {
     Error::TooLarge(format!("The request body is larger than {limit} bytes"))
 }
 
+/// The authenticated caller, for seqline's own endpoints (which have no ruma
+/// request type): the same token rules as [`Ruma`] with a required token.
+#[derive(Debug)]
+pub struct Authed(pub Requester);
+
+impl FromRequestParts<AppState> for Authed {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut http::request::Parts, state: &AppState) -> Result<Self> {
+        let token = access_token(parts)?.ok_or(Error::MissingToken)?;
+        let ip = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+        Ok(Self(account::authenticate(state, &token, ip.as_deref()).await?))
+    }
+}
+
+/// A JSON body for seqline's own endpoints, with the same limit and the same
+/// M_NOT_JSON / M_BAD_JSON distinction as [`Ruma`].
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self> {
+        let limit = state.settings.max_request_body_bytes;
+        let bytes = axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| too_large(limit))?;
+        let bytes = if bytes.is_empty() { axum::body::Bytes::from_static(b"{}") } else { bytes };
+        let value: serde_json::Value = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| serde_json::from_str(text).ok())
+            .ok_or_else(|| Error::NotJson("The request body is not valid JSON".into()))?;
+        serde_json::from_value(value)
+            .map(Self)
+            .map_err(|e| Error::BadJson(format!("Invalid request body: {e}")))
+    }
+}
+
 /// A typed ruma response as an axum response.
 #[derive(Debug)]
 pub struct RumaResponse<R>(pub R);

@@ -6,10 +6,13 @@
 pub mod create;
 pub mod directory;
 pub mod format;
+pub mod history;
+pub mod membership;
 pub mod pdu;
 pub mod power;
 pub mod read;
 pub mod timeline;
+pub mod visibility;
 
 use ruma::RoomVersionId;
 use ruma::room_version_rules::RoomVersionRules;

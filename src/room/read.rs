@@ -9,10 +9,12 @@ use serde_json::Value;
 
 use super::format::{Viewer, client_event};
 use super::pdu::Pdu;
+use super::visibility::{self, Hv, HvLine, Inputs, SeqRanges};
 use crate::account::Requester;
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, StoredEvent};
+use crate::storage::memberships;
 use crate::storage::rooms::{self, RoomRow};
 
 /// A room opened for reading.
@@ -55,6 +57,86 @@ impl MembershipHistory {
     pub fn current(&self) -> &str {
         self.changes.last().map_or("leave", |(_, m)| m.as_str())
     }
+}
+
+/// What one user may read in one room: the answer of
+/// [`visibility::visible`] plus the membership history behind it.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// Readable seqs.
+    pub ranges: SeqRanges,
+    /// Membership changes, for `unsigned.membership`.
+    pub history: MembershipHistory,
+    /// The membership ranges themselves.
+    pub stays: Vec<memberships::Range>,
+}
+
+impl Access {
+    /// Joined now.
+    pub fn joined(&self) -> bool {
+        self.history.current() == "join"
+    }
+
+    /// Was ever joined or invited.
+    pub fn ever_member(&self) -> bool {
+        !self.stays.is_empty()
+    }
+
+    /// The seq at which the user's view of the room's state ends: now for
+    /// members, the end of their last stay for those who left.
+    pub fn state_horizon(&self, last_seq: i64) -> i64 {
+        if self.joined() {
+            return last_seq;
+        }
+        self.stays.iter().filter(|r| r.kind == "join").filter_map(|r| r.max_seq).max().unwrap_or(last_seq)
+    }
+}
+
+/// The floor below which nothing is returned: the room's own, the user's own,
+/// and `m.room.retention`'s `max_lifetime`.
+pub async fn floor(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<i64> {
+    let room_id = view.room.room_id.as_str();
+    let mut floor =
+        view.room.floor_seq.max(memberships::user_floor(&state.db, room_id, user_id.as_str()).await?);
+    if let Some(stored) = events::state_event(&state.db, room_id, "m.room.retention", "").await? {
+        let content: Value =
+            Pdu::from_stored(&stored.event_id, &stored.json)?.content_as().unwrap_or_default();
+        if let Some(max_lifetime) = content["max_lifetime"].as_i64().filter(|m| *m > 0) {
+            let since = crate::storage::now_ms() - max_lifetime;
+            let first =
+                events::first_seq_since(&state.db, room_id, since).await?.unwrap_or(view.room.last_seq + 1);
+            floor = floor.max(first);
+        }
+    }
+    Ok(floor)
+}
+
+/// The room's history visibility along its seq line.
+pub async fn hv_line(state: &AppState, room_id: &str) -> Result<HvLine> {
+    let mut changes = Vec::new();
+    for (seq, json) in events::state_changes(&state.db, room_id, "m.room.history_visibility").await? {
+        let value: Value = serde_json::from_str(&json).unwrap_or_default();
+        let hv = value["content"]["history_visibility"].as_str().map_or(Hv::Joined, Hv::parse);
+        changes.push((seq, hv));
+    }
+    Ok(HvLine { changes })
+}
+
+/// Works out what `user_id` may read in the room.
+pub async fn access(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<Access> {
+    let room_id = RoomId::parse(&view.room.room_id).map_err(|e| Error::Internal(e.to_string()))?;
+    let history = MembershipHistory::load(state, &room_id, user_id).await?;
+    let stays = memberships::ranges(&state.db, &view.room.room_id, user_id.as_str()).await?;
+    let hv = hv_line(state, &view.room.room_id).await?;
+    let floor = floor(state, view, user_id).await?;
+    let ranges = visibility::visible(&Inputs {
+        ranges: &stays,
+        hv: &hv,
+        last_seq: view.room.last_seq,
+        floor,
+        joined_now: history.current() == "join",
+    });
+    Ok(Access { ranges, history, stays })
 }
 
 /// Refuses users who are not joined to the room now.
@@ -112,4 +194,37 @@ pub fn format(view: &RoomView, loaded: &Loaded, requester: &Requester, history: 
         loaded.redaction.as_ref(),
         Some(Viewer { requester, membership }),
     )
+}
+
+/// The room state a user may see: current state while joined (or for anyone
+/// when the room is world-readable), the state as of their leave after they
+/// left, 403 for a room they were never in. `at` narrows it to an earlier point.
+pub async fn visible_state(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    at: Option<i64>,
+) -> Result<Vec<Loaded>> {
+    let last = view.room.last_seq;
+    let horizon = if access.joined() {
+        last
+    } else if access.stays.iter().any(|r| r.kind == "join") {
+        access.state_horizon(last)
+    } else if access.ranges.contains(last) {
+        // Readable without a stay: world-readable (or a live invite under `invited`).
+        last
+    } else {
+        return Err(Error::Forbidden("You are not a member of this room".into()));
+    };
+    let at = at.map_or(horizon, |a| a.min(horizon));
+    let stored = if at == last {
+        events::current_state(&state.db, &view.room.room_id).await?
+    } else {
+        events::state_at(&state.db, &view.room.room_id, at).await?
+    };
+    let mut out = Vec::with_capacity(stored.len());
+    for s in stored {
+        out.push(load(state, s).await?);
+    }
+    Ok(out)
 }

@@ -14,7 +14,14 @@ use super::pdu::{self, Draft, Pdu, Placement};
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
-use crate::storage::{self, RoomTx, rooms};
+use crate::storage::{self, RoomTx, memberships, rooms};
+
+/// The state event type of the pre-join window: content `{"events": N}` lets
+/// each later join also read the N events before it (never below a floor).
+pub const PREJOIN_WINDOW_TYPE: &str = "org.seqline.prejoin_window";
+
+/// The largest pre-join window honoured.
+pub const MAX_PREJOIN_WINDOW: i64 = 100_000;
 
 /// The transaction a client send belongs to.
 #[derive(Debug, Clone)]
@@ -206,6 +213,18 @@ impl RoomWriter {
         .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))?;
 
         let seq = self.last_seq + 1;
+        let membership_change = match (&draft.state_key, member_value(&draft.kind, &draft.content)) {
+            (Some(target), Some(new)) => {
+                let old = match self.state_event("m.room.member", target).await? {
+                    Some(p) => p
+                        .content_as::<serde_json::Value>()
+                        .and_then(|c| c["membership"].as_str().map(str::to_owned)),
+                    None => None,
+                };
+                Some((target.clone(), old.unwrap_or_else(|| "leave".to_owned()), new.to_owned()))
+            }
+            _ => None,
+        };
         let json = pdu.to_json_string();
         let new = NewEvent {
             room_id: self.room_id.as_str(),
@@ -220,6 +239,9 @@ impl RoomWriter {
             membership: member_value(&draft.kind, &draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
+        if let Some((target, old, new)) = &membership_change {
+            self.update_ranges(target, old, new, seq).await?;
+        }
         if let Some(target) = &pdu.redacts {
             events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
         }
@@ -235,6 +257,35 @@ impl RoomWriter {
             self.state.insert((draft.kind.clone(), state_key.clone()), Some(pdu.clone()));
         }
         Ok(Appended { pdu, seq, is_new: true })
+    }
+
+    /// Keeps the membership ranges in step with a membership change at `seq`:
+    /// a stay runs from the join through the event that ends it, an invite
+    /// likewise; rows are closed, never deleted.
+    async fn update_ranges(&mut self, user: &str, old: &str, new: &str, seq: i64) -> Result<()> {
+        let room = self.room_id.to_string();
+        for kind in ["join", "invite"] {
+            if old == kind && new != kind {
+                memberships::close(self.tx.conn(), &room, user, kind, seq).await?;
+            }
+        }
+        if new != old && (new == "join" || new == "invite") {
+            let window = if new == "join" { self.prejoin_window().await? } else { 0 };
+            memberships::open(self.tx.conn(), &room, user, new, seq, (seq - window).max(1)).await?;
+            memberships::unforget(self.tx.conn(), user, &room).await?;
+        }
+        Ok(())
+    }
+
+    /// The room's pre-join window in events (`org.seqline.prejoin_window`).
+    async fn prejoin_window(&mut self) -> Result<i64> {
+        Ok(match self.state_event(PREJOIN_WINDOW_TYPE, "").await? {
+            Some(p) => p
+                .content_as::<serde_json::Value>()
+                .and_then(|c| c["events"].as_i64())
+                .map_or(0, |n| n.clamp(0, MAX_PREJOIN_WINDOW)),
+            None => 0,
+        })
     }
 
     /// Saves the new head of the seq line and commits everything appended.

@@ -248,3 +248,61 @@ pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result
         })
         .collect())
 }
+
+/// Every event of one state type in a room: (seq, PDU json), in seq order.
+pub async fn state_changes(db: &Db, room_id: &str, event_type: &str) -> Result<Vec<(i64, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = $2 AND state_key IS NOT NULL ORDER BY seq",
+    )
+    .bind(room_id)
+    .bind(event_type)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// The first seq of an event sent at or after `ts` (for retention).
+pub async fn first_seq_since(db: &Db, room_id: &str, ts: i64) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT MIN(seq) FROM events WHERE room_id = $1 AND origin_server_ts >= $2")
+        .bind(room_id)
+        .bind(ts)
+        .fetch_one(&db.pool)
+        .await?)
+}
+
+/// Events with seq in `lo..=hi`, highest first (`descending`) or lowest
+/// first, at most `limit`.
+pub async fn range(
+    db: &Db,
+    room_id: &str,
+    lo: i64,
+    hi: i64,
+    descending: bool,
+    limit: i64,
+) -> Result<Vec<StoredEvent>> {
+    let order = if descending { "DESC" } else { "ASC" };
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 ORDER BY e.seq {order} LIMIT $4"
+    )))
+    .bind(room_id)
+    .bind(lo)
+    .bind(hi)
+    .bind(limit)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().map(from_row).collect())
+}
+
+/// The room's state as of seq `at` (each key's latest event at or below it).
+pub async fn state_at(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent>> {
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.state_key IS NOT NULL AND e.seq = \
+           (SELECT MAX(x.seq) FROM events x WHERE x.room_id = e.room_id AND x.event_type = e.event_type \
+              AND x.state_key = e.state_key AND x.seq <= $2) \
+         ORDER BY e.seq"
+    )))
+    .bind(room_id)
+    .bind(at)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().map(from_row).collect())
+}

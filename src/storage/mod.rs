@@ -9,6 +9,7 @@
 pub mod aliases;
 pub mod devices;
 pub mod events;
+pub mod memberships;
 pub mod rooms;
 pub mod uia;
 pub mod users;
@@ -72,11 +73,13 @@ type MigrationSet = &'static [(i64, &'static str, &'static str)];
 const SQLITE_MIGRATIONS: MigrationSet = &[
     (1, "accounts", include_str!("../../migrations/sqlite/0001_accounts.sql")),
     (2, "rooms", include_str!("../../migrations/sqlite/0002_rooms.sql")),
+    (3, "memberships", include_str!("../../migrations/sqlite/0003_memberships.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
     (1, "accounts", include_str!("../../migrations/postgres/0001_accounts.sql")),
     (2, "rooms", include_str!("../../migrations/postgres/0002_rooms.sql")),
+    (3, "memberships", include_str!("../../migrations/postgres/0003_memberships.sql")),
 ];
 
 impl Db {

@@ -22,12 +22,17 @@ pub struct RoomRow {
     pub max_depth: i64,
     /// Listed in the public directory.
     pub published: bool,
+    /// The room's floor: nothing below it is returned to anyone.
+    pub floor_seq: i64,
 }
 
-type Row = (String, String, String, i64, String, i64, i64);
+type Row = (String, String, String, i64, String, i64, i64, i64);
 
-fn from_row((room_id, room_version, creator, last_seq, extremities, max_depth, published): Row) -> RoomRow {
+fn from_row(
+    (room_id, room_version, creator, last_seq, extremities, max_depth, published, floor_seq): Row,
+) -> RoomRow {
     RoomRow {
+        floor_seq,
         room_id,
         room_version,
         creator,
@@ -38,7 +43,8 @@ fn from_row((room_id, room_version, creator, last_seq, extremities, max_depth, p
     }
 }
 
-const COLUMNS: &str = "room_id, room_version, creator, last_seq, extremities, max_depth, published";
+const COLUMNS: &str =
+    "room_id, room_version, creator, last_seq, extremities, max_depth, published, floor_seq";
 
 /// Loads a room inside a write transaction.
 pub async fn get_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Option<RoomRow>> {
@@ -119,4 +125,14 @@ pub async fn published(db: &Db) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar("SELECT room_id FROM rooms WHERE published = 1 ORDER BY room_id")
         .fetch_all(&db.pool)
         .await?)
+}
+
+/// Raises the room's floor (it never moves down).
+pub async fn raise_floor(db: &Db, room_id: &str, floor_seq: i64) -> Result<()> {
+    sqlx::query("UPDATE rooms SET floor_seq = $1 WHERE room_id = $2 AND floor_seq < $1")
+        .bind(floor_seq)
+        .bind(room_id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
 }

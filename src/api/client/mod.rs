@@ -4,7 +4,10 @@ mod account;
 mod devices;
 mod directory;
 mod discovery;
+mod membership;
+mod messages;
 mod rooms;
+mod seqline;
 mod session;
 
 use axum::Router;
@@ -18,5 +21,8 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = account::routes(router);
     let router = devices::routes(router);
     let router = directory::routes(router);
+    let router = membership::routes(router);
+    let router = messages::routes(router);
+    let router = seqline::routes(router);
     rooms::routes(router)
 }

@@ -17,7 +17,7 @@ use crate::api::extract::{Ruma, RumaResponse, route, route_json, route_state};
 use crate::error::{Error, Result};
 use crate::room::create::{CreateRoom, Preset, create_room};
 use crate::room::pdu::{Draft, canonical_content};
-use crate::room::read::{self, MembershipHistory};
+use crate::room::read;
 use crate::room::timeline::{self, ClientTxn};
 use crate::room::{CREATABLE_VERSIONS, DEFAULT_VERSION};
 use crate::state::AppState;
@@ -171,54 +171,43 @@ async fn get_state_for_key(
     let me = req.requester()?;
     let body = &req.body;
     let view = read::open(&state, &body.room_id).await?;
-    let history = read::require_joined(&state, &body.room_id, &me.user_id).await?;
-    let stored =
-        events::state_event(&state.db, body.room_id.as_str(), &body.event_type.to_string(), &body.state_key)
-            .await?
-            .ok_or_else(|| Error::NotFound("No such state event".into()))?;
-    let loaded = read::load(&state, stored).await?;
-    let event = read::format(&view, &loaded, me, &history);
+    let access = read::access(&state, &view, &me.user_id).await?;
+    let kind = body.event_type.to_string();
+    let loaded = read::visible_state(&state, &view, &access, None)
+        .await?
+        .into_iter()
+        .find(|l| {
+            l.pdu.kind.to_string() == kind && l.pdu.state_key.as_deref() == Some(body.state_key.as_str())
+        })
+        .ok_or_else(|| Error::NotFound("No such state event".into()))?;
+    let event = read::format(&view, &loaded, me, &access.history);
     let wants_event = matches!(body.format, get_state_event_for_key::v3::StateEventFormat::Event);
     Ok(axum::Json(if wants_event { event } else { event["content"].clone() }))
-}
-
-async fn current_state_events(
-    state: &AppState,
-    view: &read::RoomView,
-    me: &Requester,
-    history: &MembershipHistory,
-) -> Result<Vec<Value>> {
-    let mut out = Vec::new();
-    for stored in events::current_state(&state.db, &view.room.room_id).await? {
-        let loaded = read::load(state, stored).await?;
-        out.push(read::format(view, &loaded, me, history));
-    }
-    Ok(out)
 }
 
 async fn get_state(state: AppState, req: Ruma<get_state_events::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let view = read::open(&state, &req.body.room_id).await?;
-    let history = read::require_joined(&state, &req.body.room_id, &me.user_id).await?;
-    Ok(Value::Array(current_state_events(&state, &view, me, &history).await?))
+    let access = read::access(&state, &view, &me.user_id).await?;
+    let loaded = read::visible_state(&state, &view, &access, None).await?;
+    Ok(Value::Array(loaded.iter().map(|l| read::format(&view, l, me, &access.history)).collect()))
 }
 
 async fn get_event(state: AppState, req: Ruma<get_room_event::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let view = read::open(&state, &req.body.room_id).await?;
-    let history = MembershipHistory::load(&state, &req.body.room_id, &me.user_id).await?;
+    let access = read::access(&state, &view, &me.user_id).await?;
+    // An event the user may not see is the same 404 as an unknown one.
     let not_found = || Error::NotFound("Event not found".into());
-    let loaded = read::load_by_id(&state, req.body.event_id.as_str()).await?;
-    if loaded.stored.room_id != req.body.room_id.as_str() {
+    let loaded = match read::load_by_id(&state, req.body.event_id.as_str()).await {
+        Ok(l) => l,
+        Err(Error::NotFound(_)) => return Err(not_found()),
+        Err(e) => return Err(e),
+    };
+    if loaded.stored.room_id != req.body.room_id.as_str() || !access.ranges.contains(loaded.stored.seq) {
         return Err(not_found());
     }
-    // Until the membership ranges decide visibility: members who are joined now
-    // or were joined when the event was sent may read it; anyone else gets the
-    // same 404 as for an unknown event.
-    if history.current() != "join" && history.at(loaded.stored.seq) != "join" {
-        return Err(not_found());
-    }
-    Ok(read::format(&view, &loaded, me, &history))
+    Ok(read::format(&view, &loaded, me, &access.history))
 }
 
 async fn joined_rooms_list(
@@ -237,6 +226,7 @@ async fn joined_rooms_list(
 async fn joined_members_list(state: AppState, req: Ruma<joined_members::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     read::open(&state, &req.body.room_id).await?;
+    // Only members who are joined now (a departed user gets 403).
     read::require_joined(&state, &req.body.room_id, &me.user_id).await?;
     let mut joined = serde_json::Map::new();
     for stored in events::current_state(&state.db, req.body.room_id.as_str()).await? {
@@ -262,12 +252,14 @@ async fn members(state: AppState, req: Ruma<get_member_events::v3::Request>) -> 
     let me = req.requester()?;
     let body = &req.body;
     let view = read::open(&state, &body.room_id).await?;
-    let history = read::require_joined(&state, &body.room_id, &me.user_id).await?;
+    let access = read::access(&state, &view, &me.user_id).await?;
+    let at = body.at.as_deref().map(crate::room::history::parse_token).transpose()?;
     let mut chunk = Vec::new();
-    for event in current_state_events(&state, &view, me, &history).await? {
-        if event["type"] != "m.room.member" {
+    for loaded in read::visible_state(&state, &view, &access, at).await? {
+        if loaded.pdu.kind.to_string() != "m.room.member" {
             continue;
         }
+        let event = read::format(&view, &loaded, me, &access.history);
         let membership = event["content"]["membership"].as_str().unwrap_or("leave");
         if body.membership.as_ref().is_some_and(|m| m.as_str() != membership) {
             continue;

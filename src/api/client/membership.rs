@@ -1,0 +1,130 @@
+//! Membership endpoints: join (by id or alias), leave, invite, kick, ban,
+//! unban, forget, and seqline's bulk membership.
+
+use axum::Router;
+use ruma::api::client::membership::invite_user::v3::InvitationRecipient;
+use ruma::api::client::membership::{
+    ban_user, forget_room, invite_user, join_room_by_id, join_room_by_id_or_alias, kick_user, leave_room,
+    unban_user,
+};
+use ruma::{OwnedRoomId, RoomId};
+
+use crate::api::extract::{Ruma, route};
+use crate::error::{Error, Result};
+use crate::room::membership::{self, Change};
+use crate::room::read;
+use crate::state::AppState;
+use crate::storage::{aliases, memberships};
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = route(router, join_by_id);
+    let router = route(router, join_by_id_or_alias);
+    let router = route(router, leave);
+    let router = route(router, invite);
+    let router = route(router, kick);
+    let router = route(router, ban);
+    let router = route(router, unban);
+    route(router, forget)
+}
+
+async fn join(
+    state: &AppState,
+    room_id: &RoomId,
+    me: &crate::account::Requester,
+    reason: Option<String>,
+) -> Result<()> {
+    membership::change(
+        state,
+        room_id,
+        &me.user_id,
+        Change { target: me.user_id.clone(), membership: "join", reason },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn join_by_id(
+    state: AppState,
+    req: Ruma<join_room_by_id::v3::Request>,
+) -> Result<join_room_by_id::v3::Response> {
+    let me = req.requester()?;
+    join(&state, &req.body.room_id, me, req.body.reason.clone()).await?;
+    Ok(join_room_by_id::v3::Response::new(req.body.room_id.clone()))
+}
+
+async fn join_by_id_or_alias(
+    state: AppState,
+    req: Ruma<join_room_by_id_or_alias::v3::Request>,
+) -> Result<join_room_by_id_or_alias::v3::Response> {
+    let me = req.requester()?;
+    let target = &req.body.room_id_or_alias;
+    let room_id: OwnedRoomId = match <&RoomId>::try_from(&**target) {
+        Ok(id) => id.to_owned(),
+        Err(alias) => {
+            let (room_id, _) = aliases::get(&state.db, alias.as_str())
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("Room alias {alias} not found")))?;
+            OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))?
+        }
+    };
+    join(&state, &room_id, me, req.body.reason.clone()).await?;
+    Ok(join_room_by_id_or_alias::v3::Response::new(room_id))
+}
+
+async fn leave(state: AppState, req: Ruma<leave_room::v3::Request>) -> Result<leave_room::v3::Response> {
+    let me = req.requester()?;
+    let change = Change { target: me.user_id.clone(), membership: "leave", reason: req.body.reason.clone() };
+    membership::change(&state, &req.body.room_id, &me.user_id, change).await?;
+    Ok(leave_room::v3::Response::new())
+}
+
+async fn invite(state: AppState, req: Ruma<invite_user::v3::Request>) -> Result<invite_user::v3::Response> {
+    let me = req.requester()?;
+    let InvitationRecipient::UserId(recipient) = &req.body.recipient else {
+        return Err(Error::Forbidden("Third-party invites are not supported on this server".into()));
+    };
+    let change =
+        Change { target: recipient.user_id.clone(), membership: "invite", reason: recipient.reason.clone() };
+    membership::change(&state, &req.body.room_id, &me.user_id, change).await?;
+    Ok(invite_user::v3::Response::new())
+}
+
+async fn kick(state: AppState, req: Ruma<kick_user::v3::Request>) -> Result<kick_user::v3::Response> {
+    let me = req.requester()?;
+    let change =
+        Change { target: req.body.user_id.clone(), membership: "leave", reason: req.body.reason.clone() };
+    membership::change(&state, &req.body.room_id, &me.user_id, change).await?;
+    Ok(kick_user::v3::Response::new())
+}
+
+async fn ban(state: AppState, req: Ruma<ban_user::v3::Request>) -> Result<ban_user::v3::Response> {
+    let me = req.requester()?;
+    let change =
+        Change { target: req.body.user_id.clone(), membership: "ban", reason: req.body.reason.clone() };
+    membership::change(&state, &req.body.room_id, &me.user_id, change).await?;
+    Ok(ban_user::v3::Response::new())
+}
+
+async fn unban(state: AppState, req: Ruma<unban_user::v3::Request>) -> Result<unban_user::v3::Response> {
+    let me = req.requester()?;
+    read::open(&state, &req.body.room_id).await?;
+    let target = read::MembershipHistory::load(&state, &req.body.room_id, &req.body.user_id).await?;
+    if target.current() != "ban" {
+        return Err(Error::Forbidden("That user is not banned".into()));
+    }
+    let change =
+        Change { target: req.body.user_id.clone(), membership: "leave", reason: req.body.reason.clone() };
+    membership::change(&state, &req.body.room_id, &me.user_id, change).await?;
+    Ok(unban_user::v3::Response::new())
+}
+
+async fn forget(state: AppState, req: Ruma<forget_room::v3::Request>) -> Result<forget_room::v3::Response> {
+    let me = req.requester()?;
+    read::open(&state, &req.body.room_id).await?;
+    let history = read::MembershipHistory::load(&state, &req.body.room_id, &me.user_id).await?;
+    if matches!(history.current(), "join" | "invite" | "knock") {
+        return Err(Error::Unknown("Leave the room before forgetting it".into()));
+    }
+    memberships::forget(&state.db, me.user_id.as_str(), req.body.room_id.as_str()).await?;
+    Ok(forget_room::v3::Response::new())
+}

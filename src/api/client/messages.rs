@@ -1,0 +1,150 @@
+//! History reads: `/messages` and `/context`, through the user's readable ranges.
+
+use axum::Router;
+use ruma::api::Direction;
+use ruma::api::client::context::get_context;
+use ruma::api::client::filter::{LazyLoadOptions, RoomEventFilter, UrlFilter};
+use ruma::api::client::message::get_message_events;
+use ruma::{OwnedUserId, UserId};
+use serde_json::{Value, json};
+
+use crate::account::Requester;
+use crate::api::extract::{Ruma, route_json};
+use crate::error::{Error, Result};
+use crate::room::history::{self, Dir, EventFilter, PageRequest};
+use crate::room::read::{self, Access, Loaded, RoomView};
+use crate::state::AppState;
+
+/// The largest page served.
+const MAX_LIMIT: usize = 1000;
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = route_json(router, messages);
+    route_json(router, context)
+}
+
+fn event_filter(f: &RoomEventFilter) -> EventFilter {
+    EventFilter {
+        types: f.types.clone(),
+        not_types: f.not_types.clone(),
+        senders: f.senders.as_ref().map(|s| s.iter().map(ToString::to_string).collect()),
+        not_senders: f.not_senders.iter().map(ToString::to_string).collect(),
+        contains_url: f.url_filter.as_ref().map(|u| matches!(u, UrlFilter::EventsWithUrl)),
+    }
+}
+
+fn lazy_members(f: &RoomEventFilter) -> bool {
+    matches!(f.lazy_load_options, LazyLoadOptions::Enabled { .. })
+}
+
+/// 403 for a room the user may read nothing of and was never in.
+fn require_some_access(access: &Access) -> Result<()> {
+    if access.ranges.is_empty() && !access.ever_member() {
+        return Err(Error::Forbidden("You are not a member of this room".into()));
+    }
+    Ok(())
+}
+
+fn format_all(view: &RoomView, events: &[Loaded], me: &Requester, access: &Access) -> Vec<Value> {
+    events.iter().map(|e| read::format(view, e, me, &access.history)).collect()
+}
+
+async fn lazy_state(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    me: &Requester,
+    events: &[&Loaded],
+) -> Result<Vec<Value>> {
+    let mut senders: Vec<OwnedUserId> = events.iter().map(|e| e.pdu.sender.clone()).collect();
+    senders.sort();
+    senders.dedup();
+    let refs: Vec<&UserId> = senders.iter().map(|s| s.as_ref()).collect();
+    let members = history::members_for(state, view, access, &refs).await?;
+    Ok(format_all(view, &members, me, access))
+}
+
+async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let b = &req.body;
+    let view = read::open(&state, &b.room_id).await?;
+    let access = read::access(&state, &view, &me.user_id).await?;
+    require_some_access(&access)?;
+    let dir = match b.dir {
+        Direction::Backward => Dir::Backward,
+        Direction::Forward => Dir::Forward,
+    };
+    let from = match &b.from {
+        Some(t) => history::parse_token(t)?,
+        None if dir == Dir::Backward => view.room.last_seq,
+        None => 0,
+    };
+    let to = b.to.as_deref().map(history::parse_token).transpose()?;
+    let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
+    let filter = event_filter(&b.filter);
+    let page =
+        history::page(&state, &view, &access, PageRequest { from, to, dir, limit, filter: &filter }).await?;
+    let mut body = json!({
+        "start": history::token(from),
+        "chunk": format_all(&view, &page.events, me, &access),
+    });
+    if let Some(next) = page.next {
+        body["end"] = json!(history::token(next));
+    }
+    if lazy_members(&b.filter) {
+        let refs: Vec<&Loaded> = page.events.iter().collect();
+        body["state"] = json!(lazy_state(&state, &view, &access, me, &refs).await?);
+    }
+    Ok(body)
+}
+
+async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let b = &req.body;
+    let view = read::open(&state, &b.room_id).await?;
+    let access = read::access(&state, &view, &me.user_id).await?;
+    require_some_access(&access)?;
+    let not_found = || Error::NotFound("Event not found".into());
+    let event = read::load_by_id(&state, b.event_id.as_str()).await?;
+    if event.stored.room_id != view.room.room_id || !access.ranges.contains(event.stored.seq) {
+        return Err(not_found());
+    }
+    let seq = event.stored.seq;
+    let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).min(MAX_LIMIT);
+    let before_limit = limit / 2;
+    let after_limit = limit - before_limit;
+    let filter = event_filter(&b.filter);
+    let before = if before_limit > 0 {
+        history::page(&state, &view, &access, seq - 1, None, Dir::Backward, before_limit, &filter)
+            .await?
+            .events
+    } else {
+        Vec::new()
+    };
+    let after = if after_limit > 0 {
+        let req = PageRequest { from: seq, to: None, dir: Dir::Forward, limit: after_limit, filter: &filter };
+        history::page(&state, &view, &access, req).await?.events
+    } else {
+        Vec::new()
+    };
+    let start = before.last().map_or(seq - 1, |e| e.stored.seq - 1);
+    let end = after.last().map_or(seq, |e| e.stored.seq);
+    let state_events = if lazy_members(&b.filter) {
+        let all: Vec<&Loaded> = before.iter().chain(std::iter::once(&event)).chain(after.iter()).collect();
+        lazy_state(&state, &view, &access, me, &all).await?
+    } else {
+        let mut out = Vec::new();
+        for stored in crate::storage::events::state_at(&state.db, &view.room.room_id, seq).await? {
+            out.push(read::format(&view, &read::load(&state, stored).await?, me, &access.history));
+        }
+        out
+    };
+    Ok(json!({
+        "start": history::token(start),
+        "end": history::token(end),
+        "events_before": format_all(&view, &before, me, &access),
+        "event": read::format(&view, &event, me, &access.history),
+        "events_after": format_all(&view, &after, me, &access),
+        "state": state_events,
+    }))
+}

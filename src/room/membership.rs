@@ -1,0 +1,93 @@
+//! Membership changes: join, leave, invite, kick, ban, unban, and bulk changes.
+//! All go through the one write path (`timeline`), so each is an ordinary
+//! `m.room.member` event at its own seq and the membership ranges move in the
+//! same transaction.
+
+use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
+use ruma::{OwnedUserId, RoomId, UserId};
+
+use super::pdu::Draft;
+use super::timeline::{Appended, RoomWriter};
+use crate::error::{Error, Result};
+use crate::state::AppState;
+use crate::storage::users;
+
+/// A membership change one user makes for another (or themselves).
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Whose membership changes.
+    pub target: OwnedUserId,
+    /// `join`, `invite`, `leave`, `ban`.
+    pub membership: &'static str,
+    /// Optional reason.
+    pub reason: Option<String>,
+}
+
+/// Local users only, until federation: remote targets are refused cleanly.
+async fn check_target(state: &AppState, target: &UserId) -> Result<()> {
+    if target.server_name() != state.settings.server_name {
+        return Err(Error::Forbidden(format!(
+            "{target} is on another server: membership across servers needs federation, which is not available yet"
+        )));
+    }
+    if !users::localpart_exists(&state.db, target.localpart()).await? {
+        return Err(Error::NotFound(format!("Unknown user {target}")));
+    }
+    Ok(())
+}
+
+fn content(change: &Change) -> CanonicalJsonObject {
+    let mut content = CanonicalJsonObject::new();
+    content.insert("membership".into(), CanonicalJsonValue::String(change.membership.to_owned()));
+    if let Some(reason) = &change.reason {
+        content.insert("reason".into(), CanonicalJsonValue::String(reason.clone()));
+    }
+    // Profile: joins and invites carry the target's display name.
+    if matches!(change.membership, "join" | "invite") {
+        content
+            .insert("displayname".into(), CanonicalJsonValue::String(change.target.localpart().to_owned()));
+    }
+    content
+}
+
+fn draft(sender: &UserId, change: &Change) -> Draft {
+    Draft {
+        kind: "m.room.member".into(),
+        state_key: Some(change.target.to_string()),
+        content: content(change),
+        sender: sender.to_owned(),
+        redacts: None,
+    }
+}
+
+/// Applies one change.
+pub async fn change(state: &AppState, room_id: &RoomId, sender: &UserId, change: Change) -> Result<Appended> {
+    bulk(state, room_id, sender, vec![change])
+        .await?
+        .pop()
+        .ok_or_else(|| Error::Internal("no change made".into()))
+}
+
+/// Applies several changes in one transaction: consecutive seqs, each
+/// authorised against the state the previous ones left; all or nothing.
+pub async fn bulk(
+    state: &AppState,
+    room_id: &RoomId,
+    sender: &UserId,
+    changes: Vec<Change>,
+) -> Result<Vec<Appended>> {
+    for c in &changes {
+        if c.target != sender {
+            check_target(state, &c.target).await?;
+        }
+    }
+    let mut writer = RoomWriter::open(state, room_id).await?;
+    let mut out = Vec::with_capacity(changes.len());
+    for c in &changes {
+        out.push(writer.append(state, &draft(sender, c), None).await?);
+    }
+    if out.iter().any(|a| a.is_new) {
+        writer.commit().await?;
+    }
+    Ok(out)
+}

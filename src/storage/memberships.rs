@@ -1,0 +1,146 @@
+//! The `memberships` table (membership ranges), per-user floors and forgotten
+//! rooms.
+
+use sqlx::AnyConnection;
+
+use super::Db;
+use crate::error::Result;
+
+/// One membership range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Range {
+    /// `join` (a stay) or `invite`.
+    pub kind: String,
+    /// The event that started it.
+    pub min_seq: i64,
+    /// The event that ended it; `None` while it lasts.
+    pub max_seq: Option<i64>,
+    /// For stays: the first seq readable through the pre-join window.
+    pub window_seq: i64,
+}
+
+/// Opens a range at `seq`.
+pub async fn open(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    user_id: &str,
+    kind: &str,
+    seq: i64,
+    window_seq: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO memberships (room_id, user_id, kind, min_seq, max_seq, window_seq) VALUES ($1, $2, $3, $4, NULL, $5)",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .bind(kind)
+    .bind(seq)
+    .bind(window_seq)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Closes the open range of `kind`, ending it at `seq` (inclusive).
+pub async fn close(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    user_id: &str,
+    kind: &str,
+    seq: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE memberships SET max_seq = $1 WHERE room_id = $2 AND user_id = $3 AND kind = $4 AND max_seq IS NULL",
+    )
+    .bind(seq)
+    .bind(room_id)
+    .bind(user_id)
+    .bind(kind)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Every range of a user in a room, by start.
+pub async fn ranges(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<Range>> {
+    let rows: Vec<(String, i64, Option<i64>, i64)> = sqlx::query_as(
+        "SELECT kind, min_seq, max_seq, window_seq FROM memberships WHERE room_id = $1 AND user_id = $2 ORDER BY min_seq, kind",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(kind, min_seq, max_seq, window_seq)| Range { kind, min_seq, max_seq, window_seq })
+        .collect())
+}
+
+/// Users whose stays hold `seq`: who receives the event at `seq`.
+pub async fn holders(db: &Db, room_id: &str, seq: i64) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT user_id FROM memberships WHERE room_id = $1 AND kind = 'join' \
+         AND window_seq <= $2 AND (max_seq IS NULL OR max_seq >= $2) ORDER BY user_id",
+    )
+    .bind(room_id)
+    .bind(seq)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// A user's own floor in a room (0 when none).
+pub async fn user_floor(db: &Db, room_id: &str, user_id: &str) -> Result<i64> {
+    let floor: Option<i64> =
+        sqlx::query_scalar("SELECT floor_seq FROM user_room_floors WHERE room_id = $1 AND user_id = $2")
+            .bind(room_id)
+            .bind(user_id)
+            .fetch_optional(&db.pool)
+            .await?;
+    Ok(floor.unwrap_or(0))
+}
+
+/// Raises a user's floor (it never moves down).
+pub async fn raise_user_floor(db: &Db, room_id: &str, user_id: &str, floor_seq: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO user_room_floors (room_id, user_id, floor_seq) VALUES ($1, $2, $3) \
+         ON CONFLICT (room_id, user_id) DO UPDATE SET floor_seq = \
+           CASE WHEN excluded.floor_seq > user_room_floors.floor_seq THEN excluded.floor_seq ELSE user_room_floors.floor_seq END",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .bind(floor_seq)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// Marks a room forgotten by a user.
+pub async fn forget(db: &Db, user_id: &str, room_id: &str) -> Result<()> {
+    sqlx::query("INSERT INTO forgotten_rooms (user_id, room_id) VALUES ($1, $2) ON CONFLICT (user_id, room_id) DO NOTHING")
+        .bind(user_id)
+        .bind(room_id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// Clears the forgotten mark (on a new join or invite).
+pub async fn unforget(conn: &mut AnyConnection, user_id: &str, room_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM forgotten_rooms WHERE user_id = $1 AND room_id = $2")
+        .bind(user_id)
+        .bind(room_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Whether a user forgot a room.
+pub async fn is_forgotten(db: &Db, user_id: &str, room_id: &str) -> Result<bool> {
+    let n: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM forgotten_rooms WHERE user_id = $1 AND room_id = $2")
+            .bind(user_id)
+            .bind(room_id)
+            .fetch_one(&db.pool)
+            .await?;
+    Ok(n > 0)
+}
