@@ -290,7 +290,8 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         writer.append(state, &state_draft("m.room.name", "", object(json!({ "name": name }))?), None).await?;
     }
     if let Some(topic) = &req.topic {
-        let content = json!({ "topic": topic, "m.topic": [{ "mimetype": "text/plain", "body": topic }] });
+        let content =
+            json!({ "topic": topic, "m.topic": { "m.text": [{ "mimetype": "text/plain", "body": topic }] } });
         writer.append(state, &state_draft("m.room.topic", "", object(content)?), None).await?;
     }
 

@@ -69,6 +69,8 @@ pub struct Access {
     pub history: MembershipHistory,
     /// The membership ranges themselves.
     pub stays: Vec<memberships::Range>,
+    /// The room's history visibility is `world_readable` now.
+    pub world_readable_now: bool,
 }
 
 impl Access {
@@ -136,7 +138,8 @@ pub async fn access(state: &AppState, view: &RoomView, user_id: &UserId) -> Resu
         floor,
         joined_now: history.current() == "join",
     });
-    Ok(Access { ranges, history, stays })
+    let world_readable_now = hv.changes.last().is_some_and(|(_, v)| *v == Hv::WorldReadable);
+    Ok(Access { ranges, history, stays, world_readable_now })
 }
 
 /// Refuses users who are not joined to the room now.
@@ -210,8 +213,8 @@ pub async fn visible_state(
         last
     } else if access.stays.iter().any(|r| r.kind == "join") {
         access.state_horizon(last)
-    } else if access.ranges.contains(last) {
-        // Readable without a stay: world-readable (or a live invite under `invited`).
+    } else if access.world_readable_now {
+        // Anyone may look into a world-readable room (an invitee too).
         last
     } else {
         return Err(Error::Forbidden("You are not a member of this room".into()));

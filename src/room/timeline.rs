@@ -28,8 +28,10 @@ pub const MAX_PREJOIN_WINDOW: i64 = 100_000;
 pub struct ClientTxn {
     /// Sending device.
     pub device_id: String,
-    /// Endpoint family: `send`, `redact`, `state`.
-    pub scope: &'static str,
+    /// What the transaction id is scoped to: the request path less the txn id
+    /// (the spec: a retransmission has the same path), e.g.
+    /// `send/!room/m.room.message`.
+    pub scope: String,
     /// Client transaction id.
     pub txn_id: String,
 }
@@ -147,7 +149,7 @@ impl RoomWriter {
     ) -> Result<Appended> {
         let sender = draft.sender.as_str();
         if let Some(t) = txn {
-            let key = Txn { user_id: sender, device_id: &t.device_id, scope: t.scope, txn_id: &t.txn_id };
+            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
             if let Some(event_id) = events::txn_event(self.tx.conn(), key).await? {
                 let stored = events::by_id_tx(self.tx.conn(), &event_id)
                     .await?
@@ -246,7 +248,7 @@ impl RoomWriter {
             events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
         }
         if let Some(t) = txn {
-            let key = Txn { user_id: sender, device_id: &t.device_id, scope: t.scope, txn_id: &t.txn_id };
+            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
             events::put_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?;
         }
         self.last_seq = seq;

@@ -103,12 +103,7 @@ impl SeqRanges {
 
     /// Keeps only `lo..=hi`.
     pub fn clamp(&self, lo: i64, hi: i64) -> Self {
-        Self(
-            self.0
-                .iter()
-                .filter_map(|&(a, b)| (a.max(lo) <= b.min(hi)).then(|| (a.max(lo), b.min(hi))))
-                .collect(),
-        )
+        Self(self.0.iter().map(|&(a, b)| (a.max(lo), b.min(hi))).filter(|(a, b)| a <= b).collect())
     }
 
     /// Whether `seq` is readable.

@@ -115,9 +115,9 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
     let after_limit = limit - before_limit;
     let filter = event_filter(&b.filter);
     let before = if before_limit > 0 {
-        history::page(&state, &view, &access, seq - 1, None, Dir::Backward, before_limit, &filter)
-            .await?
-            .events
+        let req =
+            PageRequest { from: seq - 1, to: None, dir: Dir::Backward, limit: before_limit, filter: &filter };
+        history::page(&state, &view, &access, req).await?.events
     } else {
         Vec::new()
     };

@@ -115,7 +115,7 @@ fn third_party_invites_unsupported() -> Error {
     Error::Forbidden("Third-party invites are not supported on this server".into())
 }
 
-fn txn(me: &Requester, scope: &'static str, txn_id: &str) -> ClientTxn {
+fn txn(me: &Requester, scope: String, txn_id: &str) -> ClientTxn {
     ClientTxn { device_id: me.device_id.to_string(), scope, txn_id: txn_id.to_owned() }
 }
 
@@ -132,7 +132,7 @@ async fn send_message(
         sender: me.user_id.clone(),
         redacts: None,
     };
-    let t = txn(me, "send", body.txn_id.as_str());
+    let t = txn(me, format!("send/{}/{}", body.room_id, body.event_type), body.txn_id.as_str());
     let appended = timeline::append(&state, &body.room_id, &draft, Some(&t)).await?;
     Ok(send_message_event::v3::Response::new(appended.pdu.event_id))
 }
@@ -303,7 +303,7 @@ async fn redact(state: AppState, req: Ruma<redact_event::v3::Request>) -> Result
         sender: me.user_id.clone(),
         redacts: Some(body.event_id.clone()),
     };
-    let t = txn(me, "redact", body.txn_id.as_str());
+    let t = txn(me, format!("redact/{}/{}", body.room_id, body.event_id), body.txn_id.as_str());
     let appended = timeline::append(&state, &body.room_id, &draft, Some(&t)).await?;
     Ok(redact_event::v3::Response::new(appended.pdu.event_id))
 }
