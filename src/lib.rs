@@ -11,3 +11,5 @@ pub mod server;
 pub mod signing_key;
 pub mod state;
 pub mod storage;
+pub mod streams;
+pub mod sync;

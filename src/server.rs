@@ -19,7 +19,8 @@ pub async fn open(settings: Settings) -> Result<AppState> {
     })?;
     let key = signing_key::load_or_generate(&settings.signing_key_path).map_err(Error::Internal)?;
     let db = Db::connect(&settings.database_url).await?;
-    Ok(AppState::new(settings, db, key))
+    let last_stream = crate::storage::account_data::max_stream(&db).await?;
+    Ok(AppState::new(settings, db, key, last_stream))
 }
 
 /// Binds the listener, opens the server and serves the client API until a
@@ -37,11 +38,13 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         key_id = %state.signing_key.key_id(),
         "seqline is listening on http://{local}"
     );
+    let sweeper = tokio::spawn(expire_typing_every_second(state.clone()));
     let app = crate::api::router(state.clone());
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Error::Internal(format!("server error: {e}")))?;
+    sweeper.abort();
     tracing::info!("shutting down: requests finished, closing the database");
     state.db.close().await;
     Ok(())
@@ -71,5 +74,16 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
+    }
+}
+
+/// Typing notices end by themselves; this makes their end reach /sync.
+async fn expire_typing_every_second(state: AppState) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if let Err(e) = crate::sync::writes::expire_typing(&state).await {
+            tracing::warn!("typing expiry failed: {e}");
+        }
     }
 }

@@ -9,6 +9,8 @@ use crate::config::Settings;
 use crate::ratelimit::RateLimiter;
 use crate::signing_key::ServerKey;
 use crate::storage::Db;
+use crate::streams::{Notifier, Streams};
+use crate::sync::typing::Typing;
 
 /// Cheap to clone; all clones share one [`Services`].
 #[derive(Debug, Clone)]
@@ -25,13 +27,27 @@ pub struct Services {
     pub signing_key: ServerKey,
     /// Login/registration limiter.
     pub rate_limiter: RateLimiter,
+    /// The global stream position.
+    pub streams: Arc<Streams>,
+    /// Wakes long-polling syncs.
+    pub notifier: Notifier,
+    /// Who is typing where.
+    pub typing: Typing,
 }
 
 impl AppState {
     /// Wraps the services.
-    pub fn new(settings: Settings, db: Db, signing_key: ServerKey) -> Self {
+    pub fn new(settings: Settings, db: Db, signing_key: ServerKey, last_stream: i64) -> Self {
         let rate_limiter = RateLimiter::new(settings.rate_limits.clone());
-        Self(Arc::new(Services { settings, db, signing_key, rate_limiter }))
+        Self(Arc::new(Services {
+            settings,
+            db,
+            signing_key,
+            rate_limiter,
+            streams: Streams::starting_after(last_stream),
+            notifier: Notifier::default(),
+            typing: Typing::default(),
+        }))
     }
 }
 

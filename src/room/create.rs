@@ -163,11 +163,13 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     };
     rooms::insert(tx.conn(), room_id.as_str(), req.version.as_str(), creator.as_str(), now).await?;
     let json = create_pdu.to_json_string();
+    let create_stream = state.streams.reserve();
     events::insert(
         tx.conn(),
         &NewEvent {
             room_id: room_id.as_str(),
             seq: 1,
+            stream: create_stream.pos,
             event_id: create_pdu.event_id.as_str(),
             event_type: "m.room.create",
             state_key: Some(""),
@@ -182,8 +184,14 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     if let Some(alias) = &req.alias {
         aliases::create_tx(tx.conn(), alias.as_str(), room_id.as_str(), creator.as_str(), now).await?;
     }
-    let mut writer =
-        RoomWriter::after_create(room_id.clone(), req.version.clone(), rules.clone(), tx, create_pdu);
+    let mut writer = RoomWriter::after_create(
+        room_id.clone(),
+        req.version.clone(),
+        rules.clone(),
+        tx,
+        create_pdu,
+        create_stream,
+    );
 
     let state_draft = |kind: &str, state_key: &str, content: CanonicalJsonObject| Draft {
         kind: kind.to_owned(),
@@ -303,7 +311,7 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         }
         writer.append(state, &state_draft("m.room.member", user.as_str(), object(content)?), None).await?;
     }
-    writer.commit().await?;
+    writer.commit(state).await?;
     if req.publish {
         rooms::set_published(&state.db, room_id.as_str(), true).await?;
     }

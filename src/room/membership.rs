@@ -87,7 +87,7 @@ pub async fn bulk(
         out.push(writer.append(state, &draft(sender, c), None).await?);
     }
     if out.iter().any(|a| a.is_new) {
-        writer.commit().await?;
+        writer.commit(state).await?;
     }
     Ok(out)
 }

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
 use crate::storage::{self, RoomTx, memberships, rooms};
+use crate::streams::Reservation;
 
 /// The state event type of the pre-join window: content `{"events": N}` lets
 /// each later join also read the N events before it (never below a floor).
@@ -62,6 +63,10 @@ pub struct RoomWriter {
     state: HashMap<(String, String), Option<Pdu>>,
     /// The same events by id, for the auth-event lookups.
     by_id: HashMap<OwnedEventId, Pdu>,
+    /// Stream positions of the events appended, finished at commit (or drop).
+    reservations: Vec<Reservation>,
+    /// Seqs appended by this transaction.
+    appended: Option<(i64, i64)>,
     tx: RoomTx,
 }
 
@@ -88,6 +93,8 @@ impl RoomWriter {
             max_depth: room.max_depth,
             state: HashMap::new(),
             by_id: HashMap::new(),
+            reservations: Vec::new(),
+            appended: None,
             tx,
         })
     }
@@ -100,6 +107,7 @@ impl RoomWriter {
         rules: RoomVersionRules,
         tx: RoomTx,
         create: Pdu,
+        create_stream: Reservation,
     ) -> Self {
         let mut state = HashMap::new();
         let mut by_id = HashMap::new();
@@ -114,6 +122,8 @@ impl RoomWriter {
             max_depth: i64::try_from(create.depth).unwrap_or(1),
             state,
             by_id,
+            reservations: vec![create_stream],
+            appended: Some((1, 1)),
             tx,
         }
     }
@@ -228,7 +238,9 @@ impl RoomWriter {
             _ => None,
         };
         let json = pdu.to_json_string();
+        let reservation = state.streams.reserve();
         let new = NewEvent {
+            stream: reservation.pos,
             room_id: self.room_id.as_str(),
             seq,
             event_id: pdu.event_id.as_str(),
@@ -251,6 +263,8 @@ impl RoomWriter {
             let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
             events::put_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?;
         }
+        self.reservations.push(reservation);
+        self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));
         self.last_seq = seq;
         self.max_depth = i64::try_from(pdu.depth).unwrap_or(i64::MAX);
         self.extremities = vec![pdu.event_id.clone()];
@@ -290,12 +304,21 @@ impl RoomWriter {
         })
     }
 
-    /// Saves the new head of the seq line and commits everything appended.
-    pub async fn commit(mut self) -> Result<()> {
-        let extremities: Vec<String> = self.extremities.iter().map(ToString::to_string).collect();
-        rooms::set_head(self.tx.conn(), self.room_id.as_str(), self.last_seq, &extremities, self.max_depth)
-            .await?;
-        self.tx.commit().await
+    /// Saves the new head of the seq line, commits everything appended, and
+    /// then (the stream position having moved past it) wakes the syncs of
+    /// every user whose ranges hold one of the new events.
+    pub async fn commit(self, state: &AppState) -> Result<()> {
+        let RoomWriter { room_id, last_seq, extremities, max_depth, reservations, appended, mut tx, .. } =
+            self;
+        let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
+        rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth).await?;
+        tx.commit().await?;
+        drop(reservations);
+        if let Some((lo, hi)) = appended {
+            let users = memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await?;
+            state.notifier.wake(users.iter().map(String::as_str));
+        }
+        Ok(())
     }
 }
 
@@ -309,7 +332,7 @@ pub async fn append(
     let mut writer = RoomWriter::open(state, room_id).await?;
     let appended = writer.append(state, draft, txn).await?;
     if appended.is_new {
-        writer.commit().await?;
+        writer.commit(state).await?;
     }
     Ok(appended)
 }

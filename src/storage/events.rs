@@ -40,6 +40,8 @@ pub struct NewEvent<'a> {
     pub room_id: &'a str,
     /// Seq.
     pub seq: i64,
+    /// Global stream position.
+    pub stream: i64,
     /// Event id.
     pub event_id: &'a str,
     /// Type.
@@ -61,11 +63,12 @@ pub struct NewEvent<'a> {
 /// Appends an event at its seq and, for state events, makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     sqlx::query(
-        "INSERT INTO events (room_id, seq, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        "INSERT INTO events (room_id, seq, stream, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(e.room_id)
     .bind(e.seq)
+    .bind(e.stream)
     .bind(e.event_id)
     .bind(e.event_type)
     .bind(e.state_key)

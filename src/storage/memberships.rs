@@ -144,3 +144,25 @@ pub async fn is_forgotten(db: &Db, user_id: &str, room_id: &str) -> Result<bool>
             .await?;
     Ok(n > 0)
 }
+
+/// Users with a stay or an invite holding any seq in `lo..=hi`: whom new
+/// events there concern.
+pub async fn holders_between(db: &Db, room_id: &str, lo: i64, hi: i64) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT user_id FROM memberships WHERE room_id = $1 AND window_seq <= $3 \
+         AND (max_seq IS NULL OR max_seq >= $2)",
+    )
+    .bind(room_id)
+    .bind(lo)
+    .bind(hi)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Rooms where a user has any membership range: (room_id, open or ended).
+pub async fn rooms_of(db: &Db, user_id: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT DISTINCT room_id FROM memberships WHERE user_id = $1 ORDER BY room_id")
+        .bind(user_id)
+        .fetch_all(&db.pool)
+        .await?)
+}

@@ -6,10 +6,12 @@
 //! One module per table family; storage knows tables and queries, not Matrix
 //! rules.
 
+pub mod account_data;
 pub mod aliases;
 pub mod devices;
 pub mod events;
 pub mod memberships;
+pub mod receipts;
 pub mod rooms;
 pub mod uia;
 pub mod users;
@@ -74,12 +76,14 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (1, "accounts", include_str!("../../migrations/sqlite/0001_accounts.sql")),
     (2, "rooms", include_str!("../../migrations/sqlite/0002_rooms.sql")),
     (3, "memberships", include_str!("../../migrations/sqlite/0003_memberships.sql")),
+    (4, "sync", include_str!("../../migrations/sqlite/0004_sync.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
     (1, "accounts", include_str!("../../migrations/postgres/0001_accounts.sql")),
     (2, "rooms", include_str!("../../migrations/postgres/0002_rooms.sql")),
     (3, "memberships", include_str!("../../migrations/postgres/0003_memberships.sql")),
+    (4, "sync", include_str!("../../migrations/postgres/0004_sync.sql")),
 ];
 
 impl Db {

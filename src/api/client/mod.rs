@@ -4,11 +4,13 @@ mod account;
 mod devices;
 mod directory;
 mod discovery;
+mod ephemeral;
 mod membership;
 mod messages;
 mod rooms;
 mod seqline;
 mod session;
+mod sync;
 
 use axum::Router;
 
@@ -24,5 +26,7 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = membership::routes(router);
     let router = messages::routes(router);
     let router = seqline::routes(router);
+    let router = sync::routes(router);
+    let router = ephemeral::routes(router);
     rooms::routes(router)
 }

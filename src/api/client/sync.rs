@@ -1,0 +1,120 @@
+//! `/sync` and filters.
+
+use std::time::Duration;
+
+use axum::Router;
+use ruma::api::client::filter::{FilterDefinition, LazyLoadOptions, create_filter, get_filter};
+use ruma::api::client::sync::sync_events::v3::{self as sync_events, Filter};
+use serde_json::Value;
+
+use crate::api::extract::{Ruma, route, route_json};
+use crate::error::{Error, Result};
+use crate::room::history::EventFilter;
+use crate::state::AppState;
+use crate::storage::account_data;
+use crate::sync::{self, DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncRequest, Token};
+
+/// The longest a sync waits, whatever the client asks.
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = route_json(router, sync_handler);
+    let router = route(router, create);
+    route(router, get)
+}
+
+fn to_event_filter(f: &ruma::api::client::filter::RoomEventFilter) -> EventFilter {
+    EventFilter {
+        types: f.types.clone(),
+        not_types: f.not_types.clone(),
+        senders: f.senders.as_ref().map(|s| s.iter().map(ToString::to_string).collect()),
+        not_senders: f.not_senders.iter().map(ToString::to_string).collect(),
+        contains_url: f
+            .url_filter
+            .as_ref()
+            .map(|u| matches!(u, ruma::api::client::filter::UrlFilter::EventsWithUrl)),
+    }
+}
+
+fn sync_filter(def: &FilterDefinition) -> SyncFilter {
+    let room = &def.room;
+    let lazy = match room.state.lazy_load_options {
+        LazyLoadOptions::Enabled { include_redundant_members } => Some(include_redundant_members),
+        LazyLoadOptions::Disabled => None,
+    };
+    SyncFilter {
+        timeline_limit: room
+            .timeline
+            .limit
+            .map_or(DEFAULT_TIMELINE_LIMIT, |l| {
+                usize::try_from(u64::from(l)).unwrap_or(DEFAULT_TIMELINE_LIMIT)
+            })
+            .clamp(1, 500),
+        timeline: to_event_filter(&room.timeline),
+        rooms: room.rooms.as_ref().map(|r| r.iter().map(ToString::to_string).collect()),
+        not_rooms: room.not_rooms.iter().map(ToString::to_string).collect(),
+        include_leave: room.include_leave,
+        lazy_load_members: lazy.is_some(),
+        include_redundant_members: lazy.unwrap_or(false),
+        state: to_event_filter(&room.state),
+    }
+}
+
+/// Parses a filter definition the client sent, with the spec's 400 M_BAD_JSON
+/// for a wrong shape (`lazy_load_members: "yes"`, say).
+fn parse_definition(text: &str) -> Result<FilterDefinition> {
+    serde_json::from_str(text).map_err(|e| Error::BadJson(format!("Invalid filter: {e}")))
+}
+
+async fn resolve_filter(state: &AppState, user: &str, filter: &Option<Filter>) -> Result<FilterDefinition> {
+    match filter {
+        None => Ok(FilterDefinition::default()),
+        Some(Filter::FilterDefinition(def)) => Ok(def.clone()),
+        Some(Filter::FilterId(id)) if id.trim_start().starts_with('{') => parse_definition(id),
+        Some(Filter::FilterId(id)) => {
+            let text = account_data::get_filter(&state.db, user, id)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("No filter {id:?}")))?;
+            parse_definition(&text)
+        }
+        Some(_) => Ok(FilterDefinition::default()),
+    }
+}
+
+async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let b = &req.body;
+    let definition = resolve_filter(&state, me.user_id.as_str(), &b.filter).await?;
+    let request = SyncRequest {
+        since: b.since.as_deref().map(Token::parse).transpose()?,
+        full_state: b.full_state,
+        filter: sync_filter(&definition),
+        timeout: b.timeout.unwrap_or_default().min(MAX_TIMEOUT),
+        use_state_after: b.use_state_after,
+    };
+    sync::sync(&state, me, &request).await
+}
+
+async fn create(
+    state: AppState,
+    req: Ruma<create_filter::v3::Request>,
+) -> Result<create_filter::v3::Response> {
+    let me = req.requester()?;
+    if req.body.user_id != me.user_id {
+        return Err(Error::Forbidden("You can only create filters for yourself".into()));
+    }
+    let text = serde_json::to_string(&req.body.filter).map_err(|e| Error::Internal(e.to_string()))?;
+    let id = account_data::put_filter(&state.db, me.user_id.as_str(), &text).await?;
+    Ok(create_filter::v3::Response::new(id))
+}
+
+async fn get(state: AppState, req: Ruma<get_filter::v3::Request>) -> Result<get_filter::v3::Response> {
+    let me = req.requester()?;
+    if req.body.user_id != me.user_id {
+        return Err(Error::Forbidden("You can only read your own filters".into()));
+    }
+    let text = account_data::get_filter(&state.db, me.user_id.as_str(), &req.body.filter_id)
+        .await?
+        .ok_or_else(|| Error::NotFound("Unknown filter".into()))?;
+    Ok(get_filter::v3::Response::new(parse_definition(&text)?))
+}

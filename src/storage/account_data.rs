@@ -1,0 +1,90 @@
+//! Account data (global and per room) and stored sync filters.
+
+use super::Db;
+use crate::error::Result;
+
+/// Sets account data at stream position `stream`; `room_id` '' is global.
+pub async fn put(
+    db: &Db,
+    user_id: &str,
+    room_id: &str,
+    data_type: &str,
+    content: &str,
+    stream: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO account_data (user_id, room_id, data_type, content, stream) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (user_id, room_id, data_type) DO UPDATE SET content = excluded.content, stream = excluded.stream",
+    )
+    .bind(user_id)
+    .bind(room_id)
+    .bind(data_type)
+    .bind(content)
+    .bind(stream)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// One item of account data.
+pub async fn get(db: &Db, user_id: &str, room_id: &str, data_type: &str) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT content FROM account_data WHERE user_id = $1 AND room_id = $2 AND data_type = $3",
+    )
+    .bind(user_id)
+    .bind(room_id)
+    .bind(data_type)
+    .fetch_optional(&db.pool)
+    .await?)
+}
+
+/// Account data changed in `(after, upto]`: (room_id, type, content).
+pub async fn changed(db: &Db, user_id: &str, after: i64, upto: i64) -> Result<Vec<(String, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT room_id, data_type, content FROM account_data WHERE user_id = $1 AND stream > $2 AND stream <= $3 \
+         ORDER BY stream",
+    )
+    .bind(user_id)
+    .bind(after)
+    .bind(upto)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Stores a filter; returns its id.
+pub async fn put_filter(db: &Db, user_id: &str, filter: &str) -> Result<String> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM filters WHERE user_id = $1")
+        .bind(user_id)
+        .fetch_one(&db.pool)
+        .await?;
+    let id = format!("f{n}");
+    sqlx::query("INSERT INTO filters (user_id, filter_id, filter) VALUES ($1, $2, $3)")
+        .bind(user_id)
+        .bind(&id)
+        .bind(filter)
+        .execute(&db.pool)
+        .await?;
+    Ok(id)
+}
+
+/// A stored filter.
+pub async fn get_filter(db: &Db, user_id: &str, filter_id: &str) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar("SELECT filter FROM filters WHERE user_id = $1 AND filter_id = $2")
+        .bind(user_id)
+        .bind(filter_id)
+        .fetch_optional(&db.pool)
+        .await?)
+}
+
+/// The highest stream position stored anywhere (to start the allocator).
+pub async fn max_stream(db: &Db) -> Result<i64> {
+    let mut max = 0i64;
+    for table in ["events", "receipts", "account_data"] {
+        let m: Option<i64> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT MAX(stream) FROM {table}")))
+                .fetch_one(&db.pool)
+                .await?;
+        max = max.max(m.unwrap_or(0));
+    }
+    Ok(max)
+}

@@ -1,0 +1,488 @@
+//! `/sync`: assembling what changed for one user between two stream positions,
+//! and waiting for the next change.
+//!
+//! A token is `s<stream>_<typing serial>`. Everything stored with a stream
+//! position at or below `<stream>` is covered (see `streams`); within a room,
+//! seq and stream grow together, so a stream position maps to the highest seq
+//! at or below it. Every room's events go through the user's readable ranges,
+//! the same check as `/messages`.
+
+pub mod typing;
+pub mod writes;
+
+use std::time::{Duration, Instant};
+
+use ruma::{OwnedUserId, RoomId, UserId};
+use serde_json::{Map, Value, json};
+
+use crate::account::Requester;
+use crate::error::{Error, Result};
+use crate::room::history::{self, Dir, EventFilter, PageRequest};
+use crate::room::read::{self, Access, Loaded, RoomView};
+use crate::state::AppState;
+use crate::storage::{account_data, events, memberships, receipts};
+
+/// A position in all the streams a sync reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Token {
+    /// The global stream position.
+    pub stream: i64,
+    /// The typing serial.
+    pub typing: u64,
+}
+
+impl Token {
+    /// Parses `s<stream>_<typing>`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = || Error::InvalidParam(format!("Invalid since token {s:?}"));
+        let rest = s.strip_prefix('s').ok_or_else(bad)?;
+        let (stream, typing) = rest.split_once('_').ok_or_else(bad)?;
+        Ok(Self { stream: stream.parse().map_err(|_| bad())?, typing: typing.parse().map_err(|_| bad())? })
+    }
+
+    /// The opaque form.
+    pub fn to_token(self) -> String {
+        format!("s{}_{}", self.stream, self.typing)
+    }
+}
+
+/// The parts of a filter a sync uses.
+#[derive(Debug, Clone, Default)]
+pub struct SyncFilter {
+    /// Timeline events per room.
+    pub timeline_limit: usize,
+    /// Timeline event selection.
+    pub timeline: EventFilter,
+    /// Only these rooms.
+    pub rooms: Option<Vec<String>>,
+    /// Not these rooms.
+    pub not_rooms: Vec<String>,
+    /// Include rooms left before `since` (initial and full-state syncs).
+    pub include_leave: bool,
+    /// Lazy-load member events.
+    pub lazy_load_members: bool,
+    /// Send member events again even if sent before (always the case here).
+    pub include_redundant_members: bool,
+    /// State event selection.
+    pub state: EventFilter,
+}
+
+/// What the client asked for.
+#[derive(Debug, Clone)]
+pub struct SyncRequest {
+    /// Where the previous sync ended.
+    pub since: Option<Token>,
+    /// Send all state.
+    pub full_state: bool,
+    /// The filter.
+    pub filter: SyncFilter,
+    /// How long to wait for something new.
+    pub timeout: Duration,
+    /// Answer with `state_after` instead of `state`.
+    pub use_state_after: bool,
+}
+
+/// The default number of timeline events per room.
+pub const DEFAULT_TIMELINE_LIMIT: usize = 10;
+
+/// Runs a sync: builds the response, and if there is nothing new and the
+/// client is willing to wait, waits until the user is woken or the timeout.
+pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result<Value> {
+    let deadline = Instant::now() + req.timeout;
+    // Subscribe before reading the position: a write landing in between still wakes us.
+    let mut wake = state.notifier.subscribe(me.user_id.as_str());
+    loop {
+        wake.borrow_and_update();
+        let now = Token { stream: state.streams.position(), typing: state.typing.serial() };
+        let (body, has_news) = build(state, me, req, now).await?;
+        if has_news || req.since.is_none() || req.full_state || Instant::now() >= deadline {
+            return Ok(body);
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, wake.changed()).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(_)) | Err(_) => {
+                let now = Token { stream: state.streams.position(), typing: state.typing.serial() };
+                return Ok(build(state, me, req, now).await?.0);
+            }
+        }
+    }
+}
+
+/// The highest seq of `room_id` whose stream position is at or below `stream`.
+async fn seq_at(state: &AppState, room_id: &str, stream: i64) -> Result<i64> {
+    let seq: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(seq) FROM events WHERE room_id = $1 AND stream <= $2")
+            .bind(room_id)
+            .bind(stream)
+            .fetch_one(&state.db.pool)
+            .await?;
+    Ok(seq.unwrap_or(0))
+}
+
+fn format_events(view: &RoomView, events: &[Loaded], me: &Requester, access: &Access) -> Vec<Value> {
+    events.iter().map(|e| read::format(view, e, me, &access.history)).collect()
+}
+
+async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) -> Result<(Value, bool)> {
+    let since = req.since.unwrap_or_default();
+    let initial = req.since.is_none();
+    let mut join = Map::new();
+    let mut invite = Map::new();
+    let mut leave = Map::new();
+    let mut has_news = false;
+
+    let mut room_data: Vec<(String, String, String)> = Vec::new();
+    let mut global_data = Vec::new();
+    for (room_id, kind, content) in
+        account_data::changed(&state.db, me.user_id.as_str(), since.stream, now.stream).await?
+    {
+        let content: Value = serde_json::from_str(&content).unwrap_or_else(|_| json!({}));
+        if room_id.is_empty() {
+            global_data.push(json!({ "type": kind, "content": content }));
+        } else {
+            room_data.push((room_id, kind, serde_json::to_string(&content).unwrap_or_default()));
+        }
+    }
+    has_news |= !global_data.is_empty();
+
+    for room_id in memberships::rooms_of(&state.db, me.user_id.as_str()).await? {
+        if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
+            || req.filter.not_rooms.contains(&room_id)
+        {
+            continue;
+        }
+        if memberships::is_forgotten(&state.db, me.user_id.as_str(), &room_id).await? {
+            continue;
+        }
+        let rid = RoomId::parse(&room_id).map_err(|e| Error::Internal(e.to_string()))?;
+        let view = read::open(state, &rid).await?;
+        let access = read::access(state, &view, &me.user_id).await?;
+        let since_seq = if initial { 0 } else { seq_at(state, &room_id, since.stream).await? };
+        let now_seq = seq_at(state, &room_id, now.stream).await?;
+        let membership = access.history.at(now_seq).to_owned();
+        let data: Vec<Value> = room_data
+            .iter()
+            .filter(|(r, _, _)| *r == room_id)
+            .map(|(_, t, c)| json!({ "type": t, "content": serde_json::from_str::<Value>(c).unwrap_or_default() }))
+            .collect();
+        match membership.as_str() {
+            "join" => {
+                if let Some(room) =
+                    joined_room(state, me, req, &view, &access, since, now, since_seq, now_seq, data).await?
+                {
+                    has_news = true;
+                    join.insert(room_id, room);
+                }
+            }
+            "invite" => {
+                let invite_seq =
+                    access.stays.iter().filter(|r| r.kind == "invite").map(|r| r.min_seq).max().unwrap_or(0);
+                if initial || invite_seq > since_seq {
+                    has_news = true;
+                    invite.insert(room_id, json!({ "invite_state": { "events": invite_state(state, &view, &me.user_id).await? } }));
+                }
+            }
+            _ => {
+                // Left, kicked, banned, or an invite rejected/withdrawn.
+                let end = access.stays.iter().filter_map(|r| r.max_seq).max().unwrap_or(0);
+                let recent = !initial && end > since_seq;
+                let old_but_asked = (initial || req.full_state) && req.filter.include_leave;
+                if end > 0 && end <= now_seq && (recent || old_but_asked) {
+                    has_news = true;
+                    let room = left_room(state, me, req, &view, &access, since_seq, end, data).await?;
+                    leave.insert(room_id, room);
+                }
+            }
+        }
+    }
+
+    let body = json!({
+        "next_batch": now.to_token(),
+        "rooms": { "join": join, "invite": invite, "leave": leave, "knock": {} },
+        "account_data": { "events": global_data },
+        "presence": { "events": [] },
+        "to_device": { "events": [] },
+        "device_lists": { "changed": [], "left": [] },
+        "device_one_time_keys_count": { "signed_curve25519": 0 },
+        "device_unused_fallback_key_types": [],
+    });
+    Ok((body, has_news))
+}
+
+/// The timeline of a room between two seqs: up to `limit` readable events
+/// ending at `hi`, and whether readable events before them were left out.
+async fn timeline(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    lo: i64,
+    hi: i64,
+    filter: &SyncFilter,
+) -> Result<(Vec<Loaded>, bool)> {
+    let limit = filter.timeline_limit.max(1);
+    let page = history::page(
+        state,
+        view,
+        access,
+        PageRequest { from: hi, to: Some(lo), dir: Dir::Backward, limit, filter: &filter.timeline },
+    )
+    .await?;
+    let limited = page.next.is_some();
+    let mut events = page.events;
+    events.reverse();
+    Ok((events, limited))
+}
+
+/// State for the `state` (or `state_after`) section: the state at `at`,
+/// keeping only what changed after `changed_after` unless everything is due,
+/// lazy-loaded to the members the timeline needs.
+#[allow(clippy::too_many_arguments)]
+async fn state_section(
+    state: &AppState,
+    me: &Requester,
+    req: &SyncRequest,
+    view: &RoomView,
+    access: &Access,
+    at: i64,
+    changed_after: Option<i64>,
+    timeline: &[Loaded],
+) -> Result<Vec<Value>> {
+    if at <= 0 {
+        return Ok(Vec::new());
+    }
+    let in_timeline: Vec<&str> = timeline.iter().map(|e| e.stored.event_id.as_str()).collect();
+    let senders: Vec<String> = timeline.iter().map(|e| e.pdu.sender.to_string()).collect();
+    let mut out = Vec::new();
+    for stored in events::state_at(&state.db, &view.room.room_id, at).await? {
+        if changed_after.is_some_and(|after| stored.seq <= after) {
+            continue;
+        }
+        if !req.use_state_after && in_timeline.contains(&stored.event_id.as_str()) {
+            continue;
+        }
+        let loaded = read::load(state, stored).await?;
+        if !req.filter.state.allows(&loaded) {
+            continue;
+        }
+        let is_member = loaded.pdu.kind.to_string() == "m.room.member";
+        if is_member && req.filter.lazy_load_members {
+            let key = loaded.pdu.state_key.as_deref().unwrap_or("");
+            let needed = key == me.user_id.as_str()
+                || senders.iter().any(|s| s == key)
+                || changed_after.is_some_and(|after| loaded.stored.seq > after);
+            if !needed {
+                continue;
+            }
+        }
+        out.push(read::format(view, &loaded, me, &access.history));
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn joined_room(
+    state: &AppState,
+    me: &Requester,
+    req: &SyncRequest,
+    view: &RoomView,
+    access: &Access,
+    since: Token,
+    now: Token,
+    since_seq: i64,
+    now_seq: i64,
+    account_data: Vec<Value>,
+) -> Result<Option<Value>> {
+    let initial = req.since.is_none();
+    let room_id = view.room.room_id.as_str();
+    let (timeline_events, limited) = timeline(state, view, access, since_seq, now_seq, &req.filter).await?;
+    // A join since `since` gets the room whole, as on an initial sync.
+    let joined_at =
+        access.stays.iter().filter(|r| r.kind == "join" && r.max_seq.is_none()).map(|r| r.min_seq).max();
+    let newly_joined = !initial && joined_at.is_some_and(|j| j > since_seq);
+    let everything = initial || req.full_state || newly_joined;
+    let start = timeline_events.first().map_or(now_seq + 1, |e| e.stored.seq);
+    let changed_after = if everything { None } else { Some(since_seq) };
+    let (state_key, state_events) = if req.use_state_after {
+        (
+            "state_after",
+            state_section(state, me, req, view, access, now_seq, changed_after, &timeline_events).await?,
+        )
+    } else {
+        (
+            "state",
+            state_section(state, me, req, view, access, start - 1, changed_after, &timeline_events).await?,
+        )
+    };
+
+    let mut ephemeral = Vec::new();
+    if let Some(users) = state.typing.changed_since(room_id, req.since.map(|s| s.typing)) {
+        ephemeral.push(json!({ "type": "m.typing", "content": { "user_ids": users } }));
+    }
+    let changed = receipts::changed(&state.db, room_id, since.stream, now.stream).await?;
+    let mut content = Map::new();
+    for r in changed {
+        if r.receipt_type == "m.read.private" && r.user_id != me.user_id.as_str() {
+            continue;
+        }
+        let mut receipt = json!({ "ts": r.ts });
+        if !r.thread_id.is_empty() {
+            receipt["thread_id"] = json!(r.thread_id);
+        }
+        let entry = content.entry(r.event_id.clone()).or_insert_with(|| json!({}));
+        entry[&r.receipt_type][&r.user_id] = receipt;
+    }
+    if !content.is_empty() {
+        ephemeral.push(json!({ "type": "m.receipt", "content": content }));
+    }
+
+    let news = !timeline_events.is_empty()
+        || !state_events.is_empty()
+        || !ephemeral.is_empty()
+        || !account_data.is_empty();
+    if !initial && !req.full_state && !news {
+        return Ok(None);
+    }
+    let prev_batch = history::token(start - 1);
+    let mut room = json!({
+        "timeline": {
+            "events": format_events(view, &timeline_events, me, access),
+            "limited": limited,
+            "prev_batch": prev_batch,
+        },
+        "ephemeral": { "events": ephemeral },
+        "account_data": { "events": account_data },
+        "unread_notifications": { "notification_count": 0, "highlight_count": 0 },
+        "summary": summary(state, view, &me.user_id).await?,
+    });
+    room[state_key] = json!({ "events": state_events });
+    Ok(Some(room))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn left_room(
+    state: &AppState,
+    me: &Requester,
+    req: &SyncRequest,
+    view: &RoomView,
+    access: &Access,
+    since_seq: i64,
+    end: i64,
+    account_data: Vec<Value>,
+) -> Result<Value> {
+    let (timeline_events, limited) = timeline(state, view, access, since_seq, end, &req.filter).await?;
+    let start = timeline_events.first().map_or(end + 1, |e| e.stored.seq);
+    let initial_like = req.since.is_none() || req.full_state;
+    let changed_after = if initial_like { None } else { Some(since_seq) };
+    let (state_key, state_events) = if req.use_state_after {
+        (
+            "state_after",
+            state_section(state, me, req, view, access, end, changed_after, &timeline_events).await?,
+        )
+    } else {
+        (
+            "state",
+            state_section(state, me, req, view, access, start - 1, changed_after, &timeline_events).await?,
+        )
+    };
+    let mut room = json!({
+        "timeline": {
+            "events": format_events(view, &timeline_events, me, access),
+            "limited": limited,
+            "prev_batch": history::token(start - 1),
+        },
+        "account_data": { "events": account_data },
+    });
+    room[state_key] = json!({ "events": state_events });
+    Ok(room)
+}
+
+/// Stripped state for an invite: the room's identity and the invite itself.
+async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<Vec<Value>> {
+    const TYPES: &[&str] = &[
+        "m.room.create",
+        "m.room.join_rules",
+        "m.room.name",
+        "m.room.avatar",
+        "m.room.canonical_alias",
+        "m.room.encryption",
+        "m.room.topic",
+    ];
+    let mut out = Vec::new();
+    let current = events::current_state(&state.db, &view.room.room_id).await?;
+    let mut inviter: Option<OwnedUserId> = None;
+    for stored in &current {
+        let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
+        if pdu.kind.to_string() == "m.room.member" && pdu.state_key.as_deref() == Some(me.as_str()) {
+            inviter = Some(pdu.sender.clone());
+        }
+    }
+    for stored in current {
+        let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
+        let kind = pdu.kind.to_string();
+        let key = pdu.state_key.clone().unwrap_or_default();
+        let keep = TYPES.contains(&kind.as_str())
+            || (kind == "m.room.member"
+                && (key == me.as_str() || inviter.as_ref().is_some_and(|i| i.as_str() == key)));
+        if keep {
+            let content: Value = pdu.content_as().unwrap_or_default();
+            let mut event =
+                json!({ "type": kind, "state_key": key, "content": content, "sender": pdu.sender });
+            if kind == "m.room.member" && key == me.as_str() {
+                event["event_id"] = json!(pdu.event_id);
+                event["origin_server_ts"] = json!(pdu.origin_server_ts);
+            }
+            out.push(event);
+        }
+    }
+    Ok(out)
+}
+
+/// `summary`: heroes and member counts.
+async fn summary(state: &AppState, view: &RoomView, me: &UserId) -> Result<Value> {
+    let mut joined = 0u64;
+    let mut invited = 0u64;
+    let mut heroes = Vec::new();
+    let mut has_name = false;
+    for stored in events::current_state(&state.db, &view.room.room_id).await? {
+        let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
+        let kind = pdu.kind.to_string();
+        if kind == "m.room.name" || kind == "m.room.canonical_alias" {
+            has_name = true;
+        }
+        if kind != "m.room.member" {
+            continue;
+        }
+        let content: Value = pdu.content_as().unwrap_or_default();
+        let user = pdu.state_key.clone().unwrap_or_default();
+        match content["membership"].as_str() {
+            Some("join") => joined += 1,
+            Some("invite") => invited += 1,
+            _ => continue,
+        }
+        if user != me.as_str() {
+            heroes.push(user);
+        }
+    }
+    heroes.sort();
+    heroes.truncate(5);
+    let mut summary = json!({ "m.joined_member_count": joined, "m.invited_member_count": invited });
+    if !has_name {
+        summary["m.heroes"] = json!(heroes);
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip() {
+        let t = Token { stream: 42, typing: 7 };
+        assert_eq!(Token::parse(&t.to_token()).unwrap(), t);
+        for bad in ["", "s", "s1", "x1_2", "s1_x", "s-_1"] {
+            assert!(Token::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Writes that only /sync shows: account data, receipts, typing. Each takes a
+//! stream position (typing: a serial), then wakes exactly the users concerned.
+
+use std::time::Duration;
+
+use ruma::{RoomId, UserId};
+
+use crate::error::{Error, Result};
+use crate::room::read;
+use crate::state::AppState;
+use crate::storage::{self, account_data, memberships, receipts};
+
+/// Users joined to the room now: whom its ephemeral events concern.
+async fn room_members(state: &AppState, room_id: &str) -> Result<Vec<String>> {
+    let view =
+        read::open(state, &RoomId::parse(room_id).map_err(|e| Error::Internal(e.to_string()))?).await?;
+    memberships::holders_between(&state.db, room_id, view.room.last_seq, view.room.last_seq).await
+}
+
+/// Sets account data (`room_id` `None` for global) and wakes the user.
+pub async fn set_account_data(
+    state: &AppState,
+    user: &UserId,
+    room_id: Option<&RoomId>,
+    data_type: &str,
+    content: &serde_json::Value,
+) -> Result<()> {
+    if !content.is_object() {
+        return Err(Error::BadJson("Account data must be a JSON object".into()));
+    }
+    let text = serde_json::to_string(content).map_err(|e| Error::Internal(e.to_string()))?;
+    let reservation = state.streams.reserve();
+    account_data::put(
+        &state.db,
+        user.as_str(),
+        room_id.map_or("", |r| r.as_str()),
+        data_type,
+        &text,
+        reservation.pos,
+    )
+    .await?;
+    drop(reservation);
+    state.notifier.wake([user.as_str()]);
+    Ok(())
+}
+
+/// Sets a receipt on a visible event and wakes the room's members.
+pub async fn set_receipt(
+    state: &AppState,
+    user: &UserId,
+    room_id: &RoomId,
+    receipt_type: &str,
+    thread_id: Option<&str>,
+    event_id: &str,
+) -> Result<()> {
+    let view = read::open(state, room_id).await?;
+    let access = read::access(state, &view, user).await?;
+    let target = read::load_by_id(state, event_id).await?;
+    if target.stored.room_id != room_id.as_str() || !access.ranges.contains(target.stored.seq) {
+        return Err(Error::NotFound("Event not found".into()));
+    }
+    if !access.joined() {
+        return Err(Error::Forbidden("You are not joined to this room".into()));
+    }
+    let receipt = receipts::Receipt {
+        room_id: room_id.to_string(),
+        user_id: user.to_string(),
+        receipt_type: receipt_type.to_owned(),
+        thread_id: thread_id.unwrap_or("").to_owned(),
+        event_id: event_id.to_owned(),
+        ts: storage::now_ms(),
+    };
+    let reservation = state.streams.reserve();
+    receipts::put(&state.db, &receipt, reservation.pos).await?;
+    drop(reservation);
+    if receipt_type == "m.read.private" {
+        state.notifier.wake([user.as_str()]);
+    } else {
+        let members = room_members(state, room_id.as_str()).await?;
+        state.notifier.wake(members.iter().map(String::as_str));
+    }
+    Ok(())
+}
+
+/// Starts or stops typing and wakes the room's members if that changed.
+pub async fn set_typing(
+    state: &AppState,
+    user: &UserId,
+    room_id: &RoomId,
+    timeout: Option<Duration>,
+) -> Result<()> {
+    let view = read::open(state, room_id).await?;
+    if read::MembershipHistory::load(state, room_id, user).await?.current() != "join" {
+        return Err(Error::Forbidden("You are not joined to this room".into()));
+    }
+    if state.typing.set(room_id.as_str(), user.as_str(), timeout) {
+        let members =
+            memberships::holders_between(&state.db, room_id.as_str(), view.room.last_seq, view.room.last_seq)
+                .await?;
+        state.notifier.wake(members.iter().map(String::as_str));
+    }
+    Ok(())
+}
+
+/// Expires typing notices; run every second by the server.
+pub async fn expire_typing(state: &AppState) -> Result<()> {
+    for room_id in state.typing.expire() {
+        let members = room_members(state, &room_id).await?;
+        state.notifier.wake(members.iter().map(String::as_str));
+    }
+    Ok(())
+}
