@@ -310,7 +310,8 @@ async fn private_chat_v12_sends_initial_events_in_spec_order(backend: Backend) {
     assert_eq!(state[7]["content"], json!({ "value": "teal" }));
     assert_eq!(state[8]["content"], json!({ "name": "The Lounge" }));
     assert_eq!(state[9]["content"]["topic"], "Coffee and chat");
-    assert_eq!(state[10]["content"], json!({ "membership": "invite" }));
+    // An invite carries the invitee's profile (their display name starts as the localpart).
+    assert_eq!(state[10]["content"], json!({ "membership": "invite", "displayname": "bob" }));
     for event in &state[1..] {
         assert_eq!(event["unsigned"]["membership"], "join", "{event}");
     }
@@ -357,8 +358,14 @@ async fn trusted_private_chat_v12_makes_invitees_additional_creators(backend: Ba
     assert_eq!(state[3]["content"], json!({ "join_rule": "invite" }));
     assert_eq!(state[4]["content"], json!({ "history_visibility": "shared" }));
     assert_eq!(state[5]["content"], json!({ "guest_access": "can_join" }));
-    assert_eq!(state[6]["content"], json!({ "membership": "invite", "is_direct": true }));
-    assert_eq!(state[7]["content"], json!({ "membership": "invite", "is_direct": true }));
+    assert_eq!(
+        state[6]["content"],
+        json!({ "membership": "invite", "is_direct": true, "displayname": "bob" })
+    );
+    assert_eq!(
+        state[7]["content"],
+        json!({ "membership": "invite", "is_direct": true, "displayname": "carol" })
+    );
 }
 
 async fn public_chat_has_public_join_rule_and_no_guest_access(backend: Backend) {
@@ -482,7 +489,7 @@ async fn v11_room_puts_creator_at_100_and_no_creator_key(backend: Backend) {
     let power = &state[2]["content"];
     assert_eq!(power["users"], json!({ alice.user_id.clone(): 100, bob.user_id.clone(): 100 }), "{power}");
     assert_eq!(power["events"]["m.room.tombstone"], 100, "{power}");
-    assert_eq!(state[6]["content"], json!({ "membership": "invite" }));
+    assert_eq!(state[6]["content"], json!({ "membership": "invite", "displayname": "bob" }));
 }
 
 async fn v10_create_content_has_creator(backend: Backend) {

@@ -2,6 +2,7 @@
 //! user-interactive authentication. Knows nothing of HTTP; the client API
 //! handlers call it.
 
+pub mod profile;
 pub mod uia;
 
 use argon2::Argon2;
@@ -157,6 +158,9 @@ pub async fn create_user(
     };
     users::create(&state.db, user_id.as_str(), localpart, hash.as_deref(), is_admin, storage::now_ms())
         .await?;
+    // The display name starts as the localpart, as Synapse does.
+    let displayname = serde_json::to_string(localpart).map_err(|e| Error::Internal(e.to_string()))?;
+    users::set_profile_field(&state.db, user_id.as_str(), "displayname", Some(&displayname)).await?;
     tracing::info!(%user_id, is_admin, "registered user");
     Ok(user_id)
 }

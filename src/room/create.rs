@@ -130,6 +130,11 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     let preset_room_id =
         if rules.authorization.room_create_event_id_as_room_id { None } else { Some(random_room_id()?) };
 
+    let creator_profile = crate::account::profile::member_fields(state, creator).await?;
+    let mut invite_profiles = Vec::with_capacity(req.invite.len());
+    for user in &req.invite {
+        invite_profiles.push(crate::account::profile::member_fields(state, user).await?);
+    }
     let mut tx = state.db.begin_room_write(None).await?;
     let create_draft = Draft {
         kind: TimelineEventType::RoomCreate.to_string(),
@@ -202,17 +207,9 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     };
 
     // 2. The creator joins.
-    writer
-        .append(
-            state,
-            &state_draft(
-                "m.room.member",
-                creator.as_str(),
-                object(json!({ "membership": "join", "displayname": creator.localpart() }))?,
-            ),
-            None,
-        )
-        .await?;
+    let mut join = object(json!({ "membership": "join" }))?;
+    join.extend(creator_profile);
+    writer.append(state, &state_draft("m.room.member", creator.as_str(), join), None).await?;
 
     // 3. Power levels: defaults, then the preset, then the override.
     let mut users_map = serde_json::Map::new();
@@ -304,12 +301,14 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     }
 
     // 8. Invites.
-    for user in &req.invite {
+    for (user, profile) in req.invite.iter().zip(invite_profiles) {
         let mut content = json!({ "membership": "invite" });
         if req.is_direct {
             content["is_direct"] = json!(true);
         }
-        writer.append(state, &state_draft("m.room.member", user.as_str(), object(content)?), None).await?;
+        let mut content = object(content)?;
+        content.extend(profile);
+        writer.append(state, &state_draft("m.room.member", user.as_str(), content), None).await?;
     }
     writer.commit(state).await?;
     if req.publish {

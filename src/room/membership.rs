@@ -36,28 +36,30 @@ async fn check_target(state: &AppState, target: &UserId) -> Result<()> {
     Ok(())
 }
 
-fn content(change: &Change) -> CanonicalJsonObject {
+/// The member event content: membership, reason, and for joins and invites
+/// the target's display name and avatar.
+async fn content(state: &AppState, change: &Change) -> Result<CanonicalJsonObject> {
     let mut content = CanonicalJsonObject::new();
     content.insert("membership".into(), CanonicalJsonValue::String(change.membership.to_owned()));
     if let Some(reason) = &change.reason {
         content.insert("reason".into(), CanonicalJsonValue::String(reason.clone()));
     }
-    // Profile: joins and invites carry the target's display name.
     if matches!(change.membership, "join" | "invite") {
-        content
-            .insert("displayname".into(), CanonicalJsonValue::String(change.target.localpart().to_owned()));
+        for (field, value) in crate::account::profile::member_fields(state, &change.target).await? {
+            content.insert(field, value);
+        }
     }
-    content
+    Ok(content)
 }
 
-fn draft(sender: &UserId, change: &Change) -> Draft {
-    Draft {
+async fn draft(state: &AppState, sender: &UserId, change: &Change) -> Result<Draft> {
+    Ok(Draft {
         kind: "m.room.member".into(),
         state_key: Some(change.target.to_string()),
-        content: content(change),
+        content: content(state, change).await?,
         sender: sender.to_owned(),
         redacts: None,
-    }
+    })
 }
 
 /// Applies one change.
@@ -81,10 +83,14 @@ pub async fn bulk(
             check_target(state, &c.target).await?;
         }
     }
+    let mut drafts = Vec::with_capacity(changes.len());
+    for c in &changes {
+        drafts.push(draft(state, sender, c).await?);
+    }
     let mut writer = RoomWriter::open(state, room_id).await?;
     let mut out = Vec::with_capacity(changes.len());
-    for c in &changes {
-        out.push(writer.append(state, &draft(sender, c), None).await?);
+    for d in &drafts {
+        out.push(writer.append(state, d, None).await?);
     }
     if out.iter().any(|a| a.is_new) {
         writer.commit(state).await?;

@@ -77,6 +77,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (2, "rooms", include_str!("../../migrations/sqlite/0002_rooms.sql")),
     (3, "memberships", include_str!("../../migrations/sqlite/0003_memberships.sql")),
     (4, "sync", include_str!("../../migrations/sqlite/0004_sync.sql")),
+    (5, "profiles", include_str!("../../migrations/sqlite/0005_profiles.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -84,6 +85,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (2, "rooms", include_str!("../../migrations/postgres/0002_rooms.sql")),
     (3, "memberships", include_str!("../../migrations/postgres/0003_memberships.sql")),
     (4, "sync", include_str!("../../migrations/postgres/0004_sync.sql")),
+    (5, "profiles", include_str!("../../migrations/postgres/0005_profiles.sql")),
 ];
 
 impl Db {

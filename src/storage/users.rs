@@ -74,3 +74,36 @@ pub async fn set_password_hash(db: &Db, user_id: &str, hash: &str) -> Result<()>
         .await?;
     Ok(())
 }
+
+/// Every profile field of a user: (field, JSON value).
+pub async fn profile(db: &Db, user_id: &str) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as("SELECT field, value FROM profile_fields WHERE user_id = $1 ORDER BY field")
+        .bind(user_id)
+        .fetch_all(&db.pool)
+        .await?)
+}
+
+/// Sets (`Some`) or removes (`None`) one profile field.
+pub async fn set_profile_field(db: &Db, user_id: &str, field: &str, value: Option<&str>) -> Result<()> {
+    match value {
+        Some(v) => {
+            sqlx::query(
+                "INSERT INTO profile_fields (user_id, field, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (user_id, field) DO UPDATE SET value = excluded.value",
+            )
+            .bind(user_id)
+            .bind(field)
+            .bind(v)
+            .execute(&db.pool)
+            .await?;
+        }
+        None => {
+            sqlx::query("DELETE FROM profile_fields WHERE user_id = $1 AND field = $2")
+                .bind(user_id)
+                .bind(field)
+                .execute(&db.pool)
+                .await?;
+        }
+    }
+    Ok(())
+}

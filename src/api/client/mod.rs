@@ -7,6 +7,7 @@ mod discovery;
 mod ephemeral;
 mod membership;
 mod messages;
+mod profile;
 mod rooms;
 mod seqline;
 mod session;
@@ -28,5 +29,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = seqline::routes(router);
     let router = sync::routes(router);
     let router = ephemeral::routes(router);
+    let router = profile::routes(router);
     rooms::routes(router)
 }
