@@ -88,3 +88,44 @@ pub async fn max_stream(db: &Db) -> Result<i64> {
     }
     Ok(max)
 }
+
+/// A user's pushers (JSON as set).
+pub async fn pushers(db: &Db, user_id: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT pusher FROM pushers WHERE user_id = $1 ORDER BY app_id, pushkey")
+        .bind(user_id)
+        .fetch_all(&db.pool)
+        .await?)
+}
+
+/// Sets (`Some`) or deletes (`None`) a pusher.
+pub async fn set_pusher(
+    db: &Db,
+    user_id: &str,
+    app_id: &str,
+    pushkey: &str,
+    pusher: Option<&str>,
+) -> Result<()> {
+    match pusher {
+        Some(p) => {
+            sqlx::query(
+                "INSERT INTO pushers (user_id, app_id, pushkey, pusher) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (user_id, app_id, pushkey) DO UPDATE SET pusher = excluded.pusher",
+            )
+            .bind(user_id)
+            .bind(app_id)
+            .bind(pushkey)
+            .bind(p)
+            .execute(&db.pool)
+            .await?;
+        }
+        None => {
+            sqlx::query("DELETE FROM pushers WHERE user_id = $1 AND app_id = $2 AND pushkey = $3")
+                .bind(user_id)
+                .bind(app_id)
+                .bind(pushkey)
+                .execute(&db.pool)
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -78,6 +78,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (3, "memberships", include_str!("../../migrations/sqlite/0003_memberships.sql")),
     (4, "sync", include_str!("../../migrations/sqlite/0004_sync.sql")),
     (5, "profiles", include_str!("../../migrations/sqlite/0005_profiles.sql")),
+    (6, "pushers", include_str!("../../migrations/sqlite/0006_pushers.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -86,6 +87,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (3, "memberships", include_str!("../../migrations/postgres/0003_memberships.sql")),
     (4, "sync", include_str!("../../migrations/postgres/0004_sync.sql")),
     (5, "profiles", include_str!("../../migrations/postgres/0005_profiles.sql")),
+    (6, "pushers", include_str!("../../migrations/postgres/0006_pushers.sql")),
 ];
 
 impl Db {

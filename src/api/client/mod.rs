@@ -8,6 +8,7 @@ mod ephemeral;
 mod membership;
 mod messages;
 mod profile;
+mod push;
 mod rooms;
 mod seqline;
 mod session;
@@ -30,5 +31,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = sync::routes(router);
     let router = ephemeral::routes(router);
     let router = profile::routes(router);
+    let router = push::routes(router);
     rooms::routes(router)
 }
