@@ -2,6 +2,7 @@
 //! user-interactive authentication. Knows nothing of HTTP; the client API
 //! handlers call it.
 
+pub mod e2ee;
 pub mod profile;
 pub mod uia;
 
@@ -243,8 +244,10 @@ pub async fn change_password(
     let hash = hash_password(new_password).await?;
     users::set_password_hash(&state.db, requester.user_id.as_str(), &hash).await?;
     if logout_devices {
-        devices::delete_all_except(&state.db, requester.user_id.as_str(), Some(requester.device_id.as_str()))
-            .await?;
+        let all = devices::list(&state.db, requester.user_id.as_str()).await?;
+        let others: Vec<&str> =
+            all.iter().map(|d| d.device_id.as_str()).filter(|d| *d != requester.device_id.as_str()).collect();
+        e2ee::remove_devices(state, &requester.user_id, &others).await?;
     }
     Ok(())
 }

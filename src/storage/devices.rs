@@ -145,16 +145,6 @@ pub async fn set_display_name(
     Ok(r.rows_affected() > 0)
 }
 
-/// Deletes one device and with it its token; false if there was none.
-pub async fn delete(db: &Db, user_id: &str, device_id: &str) -> Result<bool> {
-    let r = sqlx::query("DELETE FROM devices WHERE user_id = $1 AND device_id = $2")
-        .bind(user_id)
-        .bind(device_id)
-        .execute(&db.pool)
-        .await?;
-    Ok(r.rows_affected() > 0)
-}
-
 /// Deletes several devices of a user in one transaction; unknown ids are skipped.
 pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str]) -> Result<()> {
     let mut tx = db.pool.begin().await?;
@@ -166,15 +156,5 @@ pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str]) -> Result<
             .await?;
     }
     tx.commit().await?;
-    Ok(())
-}
-
-/// Deletes every device of a user except `keep`.
-pub async fn delete_all_except(db: &Db, user_id: &str, keep: Option<&str>) -> Result<()> {
-    sqlx::query("DELETE FROM devices WHERE user_id = $1 AND device_id <> COALESCE($2, '')")
-        .bind(user_id)
-        .bind(keep)
-        .execute(&db.pool)
-        .await?;
     Ok(())
 }

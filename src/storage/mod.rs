@@ -10,6 +10,7 @@ pub mod account_data;
 pub mod aliases;
 pub mod devices;
 pub mod events;
+pub mod keys;
 pub mod memberships;
 pub mod receipts;
 pub mod rooms;
@@ -79,6 +80,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (4, "sync", include_str!("../../migrations/sqlite/0004_sync.sql")),
     (5, "profiles", include_str!("../../migrations/sqlite/0005_profiles.sql")),
     (6, "pushers", include_str!("../../migrations/sqlite/0006_pushers.sql")),
+    (7, "e2ee", include_str!("../../migrations/sqlite/0007_e2ee.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -88,6 +90,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (4, "sync", include_str!("../../migrations/postgres/0004_sync.sql")),
     (5, "profiles", include_str!("../../migrations/postgres/0005_profiles.sql")),
     (6, "pushers", include_str!("../../migrations/postgres/0006_pushers.sql")),
+    (7, "e2ee", include_str!("../../migrations/postgres/0007_e2ee.sql")),
 ];
 
 impl Db {

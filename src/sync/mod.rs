@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::room::history::{self, Dir, EventFilter, PageRequest};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
-use crate::storage::{account_data, events, memberships, receipts};
+use crate::storage::{account_data, events, keys, memberships, receipts};
 
 /// A position in all the streams a sync reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -107,6 +107,33 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
             }
         }
     }
+}
+
+/// Users whose devices or keys changed in `(after, upto]` and who share a room
+/// with `me` now (or are `me`).
+pub async fn device_list_changes(
+    state: &AppState,
+    me: &UserId,
+    after: i64,
+    upto: i64,
+) -> Result<Vec<String>> {
+    let changed = keys::device_lists_changed(&state.db, after, upto).await?;
+    if changed.is_empty() {
+        return Ok(changed);
+    }
+    let my_rooms = events::rooms_with_membership(&state.db, me.as_str(), "join").await?;
+    let mut out = Vec::new();
+    for user in changed {
+        if user == me.as_str() {
+            out.push(user);
+            continue;
+        }
+        let theirs = events::rooms_with_membership(&state.db, &user, "join").await?;
+        if theirs.iter().any(|r| my_rooms.contains(r)) {
+            out.push(user);
+        }
+    }
+    Ok(out)
 }
 
 /// The highest seq of `room_id` whose stream position is at or below `stream`.
@@ -197,15 +224,38 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         }
     }
 
+    let to_device: Vec<Value> = keys::take_to_device(
+        &state.db,
+        me.user_id.as_str(),
+        me.device_id.as_str(),
+        since.stream,
+        now.stream,
+    )
+    .await?
+    .into_iter()
+    .map(|(sender, kind, content)| {
+        json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
+    })
+    .collect();
+    let changed = if initial {
+        Vec::new()
+    } else {
+        device_list_changes(state, &me.user_id, since.stream, now.stream).await?
+    };
+    has_news |= !to_device.is_empty() || !changed.is_empty();
+    let otk = crate::account::e2ee::otk_counts(state, me.user_id.as_str(), me.device_id.as_str()).await?;
+    let fallback =
+        keys::unused_fallback_algorithms(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
+
     let body = json!({
         "next_batch": now.to_token(),
         "rooms": { "join": join, "invite": invite, "leave": leave, "knock": {} },
         "account_data": { "events": global_data },
         "presence": { "events": [] },
-        "to_device": { "events": [] },
-        "device_lists": { "changed": [], "left": [] },
-        "device_one_time_keys_count": { "signed_curve25519": 0 },
-        "device_unused_fallback_key_types": [],
+        "to_device": { "events": to_device },
+        "device_lists": { "changed": changed, "left": [] },
+        "device_one_time_keys_count": otk,
+        "device_unused_fallback_key_types": fallback,
     });
     Ok((body, has_news))
 }

@@ -85,7 +85,7 @@ async fn delete(
         return Err(no_such_device());
     }
     let grant = authorize_with_password(&state, me, &req.body.auth).await?;
-    devices::delete(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?;
+    crate::account::e2ee::remove_devices(&state, &me.user_id, &[req.body.device_id.as_str()]).await?;
     grant.finish(&state).await?;
     Ok(delete_device::v3::Response::new())
 }
@@ -97,7 +97,7 @@ async fn delete_many(
     let me = req.requester()?;
     let grant = authorize_with_password(&state, me, &req.body.auth).await?;
     let ids: Vec<&str> = req.body.devices.iter().map(|d| d.as_str()).collect();
-    devices::delete_many(&state.db, me.user_id.as_str(), &ids).await?;
+    crate::account::e2ee::remove_devices(&state, &me.user_id, &ids).await?;
     grant.finish(&state).await?;
     Ok(delete_devices::v3::Response::new())
 }

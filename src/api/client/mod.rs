@@ -5,6 +5,7 @@ mod devices;
 mod directory;
 mod discovery;
 mod ephemeral;
+mod keys;
 mod membership;
 mod messages;
 mod profile;
@@ -32,5 +33,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = ephemeral::routes(router);
     let router = profile::routes(router);
     let router = push::routes(router);
+    let router = keys::routes(router);
     rooms::routes(router)
 }

@@ -62,13 +62,15 @@ async fn login(state: AppState, req: Ruma<login::v3::Request>) -> Result<login::
 
 async fn logout(state: AppState, req: Ruma<logout::v3::Request>) -> Result<logout::v3::Response> {
     let me = req.requester()?;
-    devices::delete(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
+    crate::account::e2ee::remove_devices(&state, &me.user_id, &[me.device_id.as_str()]).await?;
     Ok(logout::v3::Response::new())
 }
 
 async fn logout_all(state: AppState, req: Ruma<logout_all::v3::Request>) -> Result<logout_all::v3::Response> {
     let me = req.requester()?;
-    devices::delete_all_except(&state.db, me.user_id.as_str(), None).await?;
+    let all = devices::list(&state.db, me.user_id.as_str()).await?;
+    let ids: Vec<&str> = all.iter().map(|d| d.device_id.as_str()).collect();
+    crate::account::e2ee::remove_devices(&state, &me.user_id, &ids).await?;
     Ok(logout_all::v3::Response::new())
 }
 

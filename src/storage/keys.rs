@@ -1,0 +1,261 @@
+//! Device keys, one-time and fallback keys, cross-signing keys, device-list
+//! updates and to-device messages.
+
+use super::Db;
+use crate::error::Result;
+
+/// Stores a device's keys.
+pub async fn put_device_keys(db: &Db, user: &str, device: &str, keys: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO device_keys (user_id, device_id, keys) VALUES ($1, $2, $3) \
+         ON CONFLICT (user_id, device_id) DO UPDATE SET keys = excluded.keys",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(keys)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// Device keys of a user: (device id, keys JSON).
+pub async fn device_keys(db: &Db, user: &str) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as("SELECT device_id, keys FROM device_keys WHERE user_id = $1 ORDER BY device_id")
+        .bind(user)
+        .fetch_all(&db.pool)
+        .await?)
+}
+
+/// Adds one-time keys (existing ids are kept as they are).
+pub async fn add_one_time_key(
+    db: &Db,
+    user: &str,
+    device: &str,
+    key_id: &str,
+    algorithm: &str,
+    key: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO one_time_keys (user_id, device_id, key_id, algorithm, key) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (user_id, device_id, key_id) DO NOTHING",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(key_id)
+    .bind(algorithm)
+    .bind(key)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// Unclaimed one-time keys per algorithm.
+pub async fn one_time_key_counts(db: &Db, user: &str, device: &str) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT algorithm, COUNT(*) FROM one_time_keys WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm",
+    )
+    .bind(user)
+    .bind(device)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Claims (removes and returns) one one-time key of `algorithm`.
+pub async fn claim_one_time_key(
+    db: &Db,
+    user: &str,
+    device: &str,
+    algorithm: &str,
+) -> Result<Option<(String, String)>> {
+    let mut tx = db.pool.begin().await?;
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT key_id, key FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3 \
+         ORDER BY key_id LIMIT 1",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(algorithm)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((key_id, _)) = &row {
+        sqlx::query("DELETE FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND key_id = $3")
+            .bind(user)
+            .bind(device)
+            .bind(key_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// Sets the fallback key of `algorithm` (unused again).
+pub async fn put_fallback_key(
+    db: &Db,
+    user: &str,
+    device: &str,
+    algorithm: &str,
+    key_id: &str,
+    key: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO fallback_keys (user_id, device_id, algorithm, key_id, key, used) VALUES ($1, $2, $3, $4, $5, 0) \
+         ON CONFLICT (user_id, device_id, algorithm) DO UPDATE SET key_id = excluded.key_id, key = excluded.key, used = 0",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(algorithm)
+    .bind(key_id)
+    .bind(key)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// The fallback key of `algorithm`, marking it used.
+pub async fn use_fallback_key(
+    db: &Db,
+    user: &str,
+    device: &str,
+    algorithm: &str,
+) -> Result<Option<(String, String)>> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT key_id, key FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(algorithm)
+    .fetch_optional(&db.pool)
+    .await?;
+    if row.is_some() {
+        sqlx::query(
+            "UPDATE fallback_keys SET used = 1 WHERE user_id = $1 AND device_id = $2 AND algorithm = $3",
+        )
+        .bind(user)
+        .bind(device)
+        .bind(algorithm)
+        .execute(&db.pool)
+        .await?;
+    }
+    Ok(row)
+}
+
+/// Algorithms with an unused fallback key.
+pub async fn unused_fallback_algorithms(db: &Db, user: &str, device: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT algorithm FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND used = 0 ORDER BY algorithm",
+    )
+    .bind(user)
+    .bind(device)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Stores a cross-signing key.
+pub async fn put_cross_signing_key(db: &Db, user: &str, key_type: &str, key: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO cross_signing_keys (user_id, key_type, key) VALUES ($1, $2, $3) \
+         ON CONFLICT (user_id, key_type) DO UPDATE SET key = excluded.key",
+    )
+    .bind(user)
+    .bind(key_type)
+    .bind(key)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// A cross-signing key.
+pub async fn cross_signing_key(db: &Db, user: &str, key_type: &str) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar("SELECT key FROM cross_signing_keys WHERE user_id = $1 AND key_type = $2")
+        .bind(user)
+        .bind(key_type)
+        .fetch_optional(&db.pool)
+        .await?)
+}
+
+/// Records that a user's devices or keys changed.
+pub async fn device_list_changed(db: &Db, user: &str, stream: i64) -> Result<()> {
+    sqlx::query("INSERT INTO device_list_updates (user_id, stream) VALUES ($1, $2)")
+        .bind(user)
+        .bind(stream)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// Users whose device lists changed in `(after, upto]`.
+pub async fn device_lists_changed(db: &Db, after: i64, upto: i64) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT user_id FROM device_list_updates WHERE stream > $1 AND stream <= $2 ORDER BY user_id",
+    )
+    .bind(after)
+    .bind(upto)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Queues a to-device message.
+pub async fn put_to_device(
+    db: &Db,
+    user: &str,
+    device: &str,
+    stream: i64,
+    sender: &str,
+    event_type: &str,
+    content: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO to_device (user_id, device_id, stream, sender, event_type, content) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(stream)
+    .bind(sender)
+    .bind(event_type)
+    .bind(content)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// To-device messages for a device up to `upto`, after dropping those at or
+/// below `acked` (the client's `since`: it has them). All are returned, so a
+/// `next_batch` of `upto` never acknowledges one that was not sent.
+pub async fn take_to_device(
+    db: &Db,
+    user: &str,
+    device: &str,
+    acked: i64,
+    upto: i64,
+) -> Result<Vec<(String, String, String)>> {
+    sqlx::query("DELETE FROM to_device WHERE user_id = $1 AND device_id = $2 AND stream <= $3")
+        .bind(user)
+        .bind(device)
+        .bind(acked)
+        .execute(&db.pool)
+        .await?;
+    Ok(sqlx::query_as(
+        "SELECT sender, event_type, content FROM to_device WHERE user_id = $1 AND device_id = $2 AND stream <= $3 \
+         ORDER BY stream",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(upto)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Drops a deleted device's keys and queued messages.
+pub async fn delete_device(db: &Db, user: &str, device: &str) -> Result<()> {
+    for table in ["device_keys", "one_time_keys", "fallback_keys", "to_device"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE user_id = $1 AND device_id = $2"
+        )))
+        .bind(user)
+        .bind(device)
+        .execute(&db.pool)
+        .await?;
+    }
+    Ok(())
+}
