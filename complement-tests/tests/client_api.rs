@@ -1,0 +1,220 @@
+//! What clients call beside rooms: profiles, push rules, E2EE key plumbing,
+//! to-device messages, and the start-up probes they read as "none yet".
+
+use complement_tests::backend_tests;
+use complement_tests::harness::{Backend, Server};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+backend_tests!(
+    profile_changes_reach_member_events,
+    push_rules_start_from_the_defaults_and_can_be_edited,
+    keys_upload_query_claim_and_to_device,
+    startup_probes_answer_as_clients_expect,
+);
+
+async fn profile_changes_reach_member_events(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let (_, body) = server.get("/_matrix/client/v3/profile/@alice:test.local", None).await;
+    assert_eq!(body, json!({ "displayname": "alice" }), "the display name starts as the localpart");
+    let (_, created) = server.post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({})).await;
+    let room = created["room_id"].as_str().unwrap().to_owned();
+
+    let (status, _) = server
+        .put(
+            "/_matrix/client/v3/profile/@alice:test.local/displayname",
+            Some(&alice.token),
+            json!({ "displayname": "Alice A." }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = server
+        .put(
+            "/_matrix/client/v3/profile/@alice:test.local/avatar_url",
+            Some(&alice.token),
+            json!({ "avatar_url": "mxc://test.local/abc" }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, body) = server.get("/_matrix/client/v3/profile/@alice:test.local/displayname", None).await;
+    assert_eq!(body, json!({ "displayname": "Alice A." }));
+    let member = format!("/_matrix/client/v3/rooms/{room}/state/m.room.member/@alice:test.local");
+    let (_, content) = server.get(&member, Some(&alice.token)).await;
+    assert_eq!(
+        content,
+        json!({ "membership": "join", "displayname": "Alice A.", "avatar_url": "mxc://test.local/abc" })
+    );
+
+    let (status, body) = server
+        .put(
+            "/_matrix/client/v3/profile/@alice:test.local/avatar_url",
+            Some(&alice.token),
+            json!({ "avatar_url": "https://x" }),
+        )
+        .await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_BAD_JSON")), "{body}");
+    let bob = server.register("bob", "pw").await;
+    let (status, body) = server
+        .put(
+            "/_matrix/client/v3/profile/@alice:test.local/displayname",
+            Some(&bob.token),
+            json!({ "displayname": "Mallory" }),
+        )
+        .await;
+    assert_eq!((status, body["errcode"].as_str()), (403, Some("M_FORBIDDEN")));
+    let (status, body) = server.get("/_matrix/client/v3/profile/@nobody:test.local", None).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")));
+}
+
+async fn push_rules_start_from_the_defaults_and_can_be_edited(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let t = Some(alice.token.as_str());
+    for path in
+        ["/_matrix/client/v3/pushrules/", "/_matrix/client/v3/pushrules", "/_matrix/client/r0/pushrules/"]
+    {
+        let (status, body) = server.get(path, t).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let global = &body["global"];
+        for kind in ["override", "content", "room", "sender", "underride"] {
+            assert!(global[kind].is_array(), "{path}: {kind} missing in {global}");
+        }
+        let ids: Vec<&str> =
+            global["override"].as_array().unwrap().iter().map(|r| r["rule_id"].as_str().unwrap()).collect();
+        assert!(ids.contains(&".m.rule.master") && ids.contains(&".m.rule.is_user_mention"), "{ids:?}");
+        let under: Vec<&str> =
+            global["underride"].as_array().unwrap().iter().map(|r| r["rule_id"].as_str().unwrap()).collect();
+        assert!(
+            under.contains(&".m.rule.room_one_to_one") && under.contains(&".m.rule.encrypted"),
+            "{under:?}"
+        );
+    }
+    let master = "/_matrix/client/v3/pushrules/global/override/.m.rule.master";
+    let (_, rule) = server.get(master, t).await;
+    assert_eq!(rule["enabled"], false);
+    let (status, _) = server.put(&format!("{master}/enabled"), t, json!({ "enabled": true })).await;
+    assert_eq!(status, 200);
+    let (_, enabled) = server.get(&format!("{master}/enabled"), t).await;
+    assert_eq!(enabled, json!({ "enabled": true }));
+
+    let rule = "/_matrix/client/v3/pushrules/global/content/cake";
+    let (status, _) = server.put(rule, t, json!({ "pattern": "cake", "actions": ["notify"] })).await;
+    assert_eq!(status, 200);
+    let (_, got) = server.get(rule, t).await;
+    assert_eq!((got["pattern"].as_str(), got["actions"].clone()), (Some("cake"), json!(["notify"])));
+    let (status, _) = server.put(&format!("{rule}/actions"), t, json!({ "actions": [] })).await;
+    assert_eq!(status, 200);
+    let (_, actions) = server.get(&format!("{rule}/actions"), t).await;
+    assert_eq!(actions, json!({ "actions": [] }));
+    let (status, _) = server.request(Method::DELETE, rule, t, None).await;
+    assert_eq!(status, 200);
+    let (status, body) = server.get(rule, t).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")));
+    let (status, _) = server.request(Method::DELETE, master, t, None).await;
+    assert_eq!(status, 400, "server-default rules cannot be deleted");
+    // The rules reach the client as account data too.
+    let (_, sync) = server.get("/_matrix/client/v3/sync", t).await;
+    let types: Vec<&str> = sync["account_data"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert!(types.contains(&"m.push_rules"), "{types:?}");
+}
+
+fn device_keys(user: &str, device: &str) -> Value {
+    json!({
+        "user_id": user, "device_id": device,
+        "algorithms": ["m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"],
+        "keys": { format!("curve25519:{device}"): "curvekey", format!("ed25519:{device}"): "edkey" },
+        "signatures": { user: { format!("ed25519:{device}"): "sig" } },
+    })
+}
+
+async fn keys_upload_query_claim_and_to_device(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let (status, body) = server
+        .post(
+            "/_matrix/client/v3/keys/upload",
+            Some(&alice.token),
+            json!({
+                "device_keys": device_keys(&alice.user_id, &alice.device_id),
+                "one_time_keys": { "signed_curve25519:AAAA": { "key": "otk1" }, "signed_curve25519:AAAB": { "key": "otk2" } },
+                "fallback_keys": { "signed_curve25519:FFFF": { "key": "fb", "fallback": true } },
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["one_time_key_counts"]["signed_curve25519"], 2);
+    // Keys for another device are refused.
+    let (status, _) = server
+        .post(
+            "/_matrix/client/v3/keys/upload",
+            Some(&alice.token),
+            json!({ "device_keys": device_keys(&alice.user_id, "OTHER") }),
+        )
+        .await;
+    assert_eq!(status, 400);
+
+    let (_, q) = server
+        .post(
+            "/_matrix/client/v3/keys/query",
+            Some(&bob.token),
+            json!({ "device_keys": { alice.user_id.clone(): [] } }),
+        )
+        .await;
+    let keys = &q["device_keys"][&alice.user_id][&alice.device_id];
+    assert_eq!(keys["keys"][format!("ed25519:{}", alice.device_id)], "edkey", "{q}");
+
+    let claim = json!({ "one_time_keys": { alice.user_id.clone(): { alice.device_id.clone(): "signed_curve25519" } } });
+    let mut claimed = Vec::new();
+    for _ in 0..3 {
+        let (_, c) = server.post("/_matrix/client/v3/keys/claim", Some(&bob.token), claim.clone()).await;
+        let got = c["one_time_keys"][&alice.user_id][&alice.device_id].as_object().unwrap().clone();
+        claimed.push(got.keys().next().unwrap().clone());
+    }
+    // Two one-time keys, each once, then the fallback key.
+    assert_eq!(claimed, vec!["signed_curve25519:AAAA", "signed_curve25519:AAAB", "signed_curve25519:FFFF"]);
+
+    // To-device: idempotent per txn id, delivered once through /sync.
+    let (_, first) = server.get("/_matrix/client/v3/sync", Some(&alice.token)).await;
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+    assert_eq!(first["device_one_time_keys_count"]["signed_curve25519"], 0);
+    assert_eq!(first["device_unused_fallback_key_types"], json!([]), "the fallback key was used");
+    let msg =
+        json!({ "messages": { alice.user_id.clone(): { alice.device_id.clone(): { "hello": "there" } } } });
+    for _ in 0..2 {
+        let (status, _) =
+            server.put("/_matrix/client/v3/sendToDevice/m.test/txn1", Some(&bob.token), msg.clone()).await;
+        assert_eq!(status, 200);
+    }
+    let (_, s) =
+        server.get(&format!("/_matrix/client/v3/sync?since={since}&timeout=5000"), Some(&alice.token)).await;
+    assert_eq!(
+        s["to_device"]["events"],
+        json!([{ "sender": bob.user_id, "type": "m.test", "content": { "hello": "there" } }])
+    );
+    let next = s["next_batch"].as_str().unwrap();
+    let (_, s) = server.get(&format!("/_matrix/client/v3/sync?since={next}"), Some(&alice.token)).await;
+    assert_eq!(s["to_device"]["events"], json!([]), "delivered once");
+}
+
+async fn startup_probes_answer_as_clients_expect(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let t = Some(alice.token.as_str());
+    let (status, body) = server.get("/_matrix/client/v3/room_keys/version", t).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{body}");
+    let (status, body) = server.get("/_matrix/client/v3/voip/turnServer", t).await;
+    assert_eq!((status, body), (200, json!({})));
+    let (status, body) = server.get("/_matrix/client/v3/thirdparty/protocols", t).await;
+    assert_eq!((status, body), (200, json!({})));
+    let (status, body) = server.get("/_matrix/client/v3/pushers", t).await;
+    assert_eq!((status, body), (200, json!({ "pushers": [] })));
+    let (status, body) = server.get("/_matrix/client/unstable/org.matrix.msc4143/rtc/transports", t).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_UNRECOGNIZED")));
+}
