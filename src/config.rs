@@ -108,6 +108,8 @@ pub struct Registration {
 pub struct Limits {
     /// Largest accepted request body on the client API.
     pub max_request_body_bytes: usize,
+    /// Largest media upload.
+    pub max_upload_bytes: usize,
 }
 
 /// Token-bucket rate limits, per client IP.
@@ -158,7 +160,7 @@ impl Default for Registration {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_request_body_bytes: 1024 * 1024 }
+        Self { max_request_body_bytes: 1024 * 1024, max_upload_bytes: 50 * 1024 * 1024 }
     }
 }
 
@@ -198,6 +200,8 @@ pub struct Settings {
     pub registration_tokens: Vec<String>,
     /// Body limit.
     pub max_request_body_bytes: usize,
+    /// Media upload limit.
+    pub max_upload_bytes: usize,
     /// Rate limits.
     pub rate_limits: RateLimits,
     /// Power level needed to purge a room's history.
@@ -275,6 +279,11 @@ impl Config {
                     return Err(ConfigError(format!("SEQLINE_RATE_LIMITS: {v:?} is not \"on\" or \"off\"")));
                 }
             };
+        }
+        if let Some(v) = env("SEQLINE_MAX_UPLOAD_BYTES") {
+            self.limits.max_upload_bytes = v
+                .parse()
+                .map_err(|_| ConfigError(format!("SEQLINE_MAX_UPLOAD_BYTES: {v:?} is not a byte count")))?;
         }
         if let Some(v) = env("SEQLINE_MAX_REQUEST_BODY_BYTES") {
             self.limits.max_request_body_bytes = v.parse().map_err(|_| {
@@ -363,6 +372,7 @@ impl Config {
             registration: self.registration.mode,
             registration_tokens: self.registration.tokens,
             max_request_body_bytes: self.limits.max_request_body_bytes,
+            max_upload_bytes: self.limits.max_upload_bytes,
             rate_limits: self.rate_limits,
             purge_power_level: self.history.purge_power_level,
         })

@@ -88,6 +88,12 @@ pub enum Error {
     /// A request the server cannot make sense of, per the spec's M_UNKNOWN (400).
     #[error("{0}")]
     Unknown(String),
+    /// Media created with /create was uploaded already: 409.
+    #[error("This media has already been uploaded")]
+    CannotOverwriteMedia,
+    /// Media created with /create is not uploaded yet: 504 M_NOT_YET_UPLOADED.
+    #[error("The media has not been uploaded yet")]
+    NotYetUploaded,
     /// A database failure: logged, reported as M_UNKNOWN.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

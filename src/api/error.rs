@@ -33,6 +33,8 @@ impl Error {
             Self::GuestAccessForbidden => (StatusCode::FORBIDDEN, "M_GUEST_ACCESS_FORBIDDEN"),
             Self::InvalidRegistrationToken => (StatusCode::UNAUTHORIZED, "M_FORBIDDEN"),
             Self::Uia(_) => (StatusCode::UNAUTHORIZED, "M_FORBIDDEN"),
+            Self::CannotOverwriteMedia => (StatusCode::CONFLICT, "M_CANNOT_OVERWRITE_MEDIA"),
+            Self::NotYetUploaded => (StatusCode::GATEWAY_TIMEOUT, "M_NOT_YET_UPLOADED"),
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
             Self::Database(_) | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "M_UNKNOWN"),
         }

@@ -11,6 +11,7 @@ pub mod aliases;
 pub mod devices;
 pub mod events;
 pub mod keys;
+pub mod media;
 pub mod memberships;
 pub mod receipts;
 pub mod rooms;
@@ -81,6 +82,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (5, "profiles", include_str!("../../migrations/sqlite/0005_profiles.sql")),
     (6, "pushers", include_str!("../../migrations/sqlite/0006_pushers.sql")),
     (7, "e2ee", include_str!("../../migrations/sqlite/0007_e2ee.sql")),
+    (8, "media", include_str!("../../migrations/sqlite/0008_media.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -91,6 +93,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (5, "profiles", include_str!("../../migrations/postgres/0005_profiles.sql")),
     (6, "pushers", include_str!("../../migrations/postgres/0006_pushers.sql")),
     (7, "e2ee", include_str!("../../migrations/postgres/0007_e2ee.sql")),
+    (8, "media", include_str!("../../migrations/postgres/0008_media.sql")),
 ];
 
 impl Db {

@@ -1,0 +1,11 @@
+-- Local media. The bytes live in files under <data_dir>/media; this is the
+-- index. A row created by /v1/create has no content until it is uploaded.
+CREATE TABLE media (
+    media_id     TEXT PRIMARY KEY NOT NULL,
+    uploader     TEXT NOT NULL,
+    content_type TEXT,
+    filename     TEXT,
+    size         BIGINT,
+    created_ts   BIGINT NOT NULL,
+    uploaded     BIGINT NOT NULL DEFAULT 0
+);
