@@ -13,10 +13,32 @@ use crate::storage::{self, media};
 /// Content types served inline; everything else is served as an attachment
 /// (the spec's list of safe types), always under a sandboxing CSP.
 pub const INLINE_TYPES: &[&str] = &[
-    "text/css", "text/plain", "text/csv", "application/json", "application/ld+json", "image/jpeg", "image/gif",
-    "image/png", "image/apng", "image/webp", "image/avif", "video/mp4", "video/webm", "video/ogg", "video/quicktime",
-    "audio/mp4", "audio/webm", "audio/aac", "audio/mpeg", "audio/ogg", "audio/wave", "audio/wav", "audio/x-wav",
-    "audio/x-pn-wav", "audio/flac", "audio/x-flac",
+    "text/css",
+    "text/plain",
+    "text/csv",
+    "application/json",
+    "application/ld+json",
+    "image/jpeg",
+    "image/gif",
+    "image/png",
+    "image/apng",
+    "image/webp",
+    "image/avif",
+    "video/mp4",
+    "video/webm",
+    "video/ogg",
+    "video/quicktime",
+    "audio/mp4",
+    "audio/webm",
+    "audio/aac",
+    "audio/mpeg",
+    "audio/ogg",
+    "audio/wave",
+    "audio/wav",
+    "audio/x-wav",
+    "audio/x-pn-wav",
+    "audio/flac",
+    "audio/x-flac",
 ];
 
 /// A media id: 24 random alphanumerics, safe as a file name.
@@ -27,7 +49,9 @@ fn new_media_id() -> String {
 }
 
 fn valid_media_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 255 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !id.is_empty()
+        && id.len() <= 255
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn media_dir(state: &AppState) -> PathBuf {
@@ -56,7 +80,8 @@ pub async fn store(
 ) -> Result<String> {
     let id = match id {
         Some(id) => {
-            let row = media::get(&state.db, id).await?.ok_or_else(|| Error::NotFound("Unknown media id".into()))?;
+            let row =
+                media::get(&state.db, id).await?.ok_or_else(|| Error::NotFound("Unknown media id".into()))?;
             if row.uploader != uploader {
                 return Err(Error::Forbidden("This media id belongs to another user".into()));
             }
@@ -118,7 +143,14 @@ pub enum Method {
 
 /// A thumbnail of local media as PNG (or the original when it is no image or
 /// already small enough).
-pub async fn thumbnail(state: &AppState, server: &str, id: &str, width: u32, height: u32, method: Method) -> Result<Content> {
+pub async fn thumbnail(
+    state: &AppState,
+    server: &str,
+    id: &str,
+    width: u32,
+    height: u32,
+    method: Method,
+) -> Result<Content> {
     if width == 0 || height == 0 || width > 2000 || height > 2000 {
         return Err(Error::InvalidParam("width and height must be 1 to 2000".into()));
     }

@@ -725,12 +725,18 @@ async fn shared_history_and_leaving(backend: Backend) {
     let line = Line::load(&server, &ana, &room).await;
     let bob_leave = bob_join + 2;
     assert_eq!(line.event(bob_leave)["content"], json!({ "membership": "leave", "reason": "off hiking" }));
-    // Having left, Bob reads only his stay: join, m3, his own leave.
+    // Having left, Bob keeps what he could read (the spec: shared history is
+    // open to anyone who joined after it was sent): everything up to his own
+    // leave, nothing after.
     let walked = walk(&server, &bob, &room, "b", 2, None, "").await;
-    assert_view(&line, &walked.ids(), &[(bob_join, bob_leave)], "bob after leaving");
+    assert_view(&line, &walked.ids(), &[(1, bob_leave)], "bob after leaving");
     assert_unsigned_membership(&line, &walked.events, &[(bob_join, "join"), (bob_leave, "leave")], "bob");
-    let response = get_event(&server, &bob, &room, &m1).await;
-    assert_error(&response, 404, "M_NOT_FOUND", "m1 for bob after leaving");
+    let (status, event) = get_event(&server, &bob, &room, &m1).await;
+    assert_eq!(
+        (status, &event["content"]["body"]),
+        (200, &json!("m1")),
+        "m1 stays readable after leaving: {event}"
+    );
     // Nothing after his leave, forwards from it.
     let after = page(&server, &bob, &room, &format!("dir=f&limit=10&from=t{bob_leave}")).await;
     assert_eq!(chunk_ids(&after), Vec::<String>::new());
@@ -1034,8 +1040,8 @@ async fn kick_and_ban_end_the_stay_and_unban_allows_a_rejoin(backend: Backend) {
     assert_eq!(first["chunk"][0]["content"]["reason"], "spam");
     assert_eq!(first["chunk"][0]["unsigned"]["membership"], "leave");
     let got = view_newest_first(&server, &bob, &room, 3).await;
-    // Not joined now: the shared creation prefix is closed to him too.
-    assert_view(&line, &got, &[(join1, kick)], "bob after the kick");
+    // The shared creation prefix was sent before his join: still his to read.
+    assert_view(&line, &got, &[(1, prefix), (join1, kick)], "bob after the kick");
     let response = get_event(&server, &bob, &room, &after_kick).await;
     assert_error(&response, 404, "M_NOT_FOUND", "the message after the kick");
     let response = send(&server, &bob, &room, "kicked", text("still here?")).await;
@@ -1335,9 +1341,10 @@ async fn send_racing_the_senders_leave(backend: Backend) {
     assert_eq!(stored, acked, "the timeline holds exactly the acknowledged sends");
     assert_eq!(acked.len() + refused.len(), 20);
 
-    // Bob's own view: his stay, ending with his leave.
+    // Bob's own view: the shared history before his join and his stay, ending
+    // with his leave.
     let got = view_newest_first(&server, &bob, &room, 5).await;
-    assert_view(&line, &got, &[(bob_join, line.last())], "bob");
+    assert_view(&line, &got, &[(1, line.last())], "bob");
 }
 
 // ---------------------------------------------------------------------------
@@ -1663,7 +1670,10 @@ async fn forget_alias_join_and_membership_through_state(backend: Backend) {
 
     let line = Line::load(&server, &ana, &room).await;
     let got = view_newest_first(&server, &bob, &room, 2).await;
-    assert_view(&line, &got, &[(line.seq(&join_id), line.seq(&leave_id))], "bob");
+    // A `joined` room: the shared creation prefix (he joined after it), then
+    // his stay; not the invite-only change or his invite, sent under `joined`.
+    let prefix = line.hv_seq("joined");
+    assert_view(&line, &got, &[(1, prefix), (line.seq(&join_id), line.seq(&leave_id))], "bob");
     assert!(got.contains(&m1) && !got.contains(&m2));
     assert_eq!(line.event(line.seq(&leave_id))["content"], json!({ "membership": "leave", "reason": "bye" }));
     let response = get_event(&server, &bob, &room, &m2).await;

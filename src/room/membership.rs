@@ -24,7 +24,7 @@ pub struct Change {
 }
 
 /// Local users only, until federation: remote targets are refused cleanly.
-async fn check_target(state: &AppState, target: &UserId) -> Result<()> {
+pub async fn check_target(state: &AppState, target: &UserId) -> Result<()> {
     if target.server_name() != state.settings.server_name {
         return Err(Error::Forbidden(format!(
             "{target} is on another server: membership across servers needs federation, which is not available yet"

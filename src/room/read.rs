@@ -116,7 +116,7 @@ pub async fn floor(state: &AppState, view: &RoomView, user_id: &UserId) -> Resul
 /// The room's history visibility along its seq line.
 pub async fn hv_line(state: &AppState, room_id: &str) -> Result<HvLine> {
     let mut changes = Vec::new();
-    for (seq, json) in events::state_changes(&state.db, room_id, "m.room.history_visibility").await? {
+    for (seq, json) in events::state_changes(&state.db, room_id, "m.room.history_visibility", "").await? {
         let value: Value = serde_json::from_str(&json).unwrap_or_default();
         let hv = value["content"]["history_visibility"].as_str().map_or(Hv::Joined, Hv::parse);
         changes.push((seq, hv));
@@ -131,13 +131,8 @@ pub async fn access(state: &AppState, view: &RoomView, user_id: &UserId) -> Resu
     let stays = memberships::ranges(&state.db, &view.room.room_id, user_id.as_str()).await?;
     let hv = hv_line(state, &view.room.room_id).await?;
     let floor = floor(state, view, user_id).await?;
-    let ranges = visibility::visible(&Inputs {
-        ranges: &stays,
-        hv: &hv,
-        last_seq: view.room.last_seq,
-        floor,
-        joined_now: history.current() == "join",
-    });
+    let ranges =
+        visibility::visible(&Inputs { ranges: &stays, hv: &hv, last_seq: view.room.last_seq, floor });
     let world_readable_now = hv.changes.last().is_some_and(|(_, v)| *v == Hv::WorldReadable);
     Ok(Access { ranges, history, stays, world_readable_now })
 }

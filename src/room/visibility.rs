@@ -10,8 +10,11 @@
 //! The rule is the spec's (client-server API, "History visibility"), decided per
 //! event by the visibility in force when it was sent:
 //! - `world_readable`: everyone;
-//! - `shared`: everyone joined now, and anyone whose membership at the event was join;
-//! - `invited`: membership at the event was invite or join;
+//! - `shared`: anyone who joined at any point after the event was sent (so all
+//!   of it for those joined now, and up to their last join for those who left),
+//!   and anyone whose membership at the event was join;
+//! - `invited`: membership at the event was invite or join (the spec's rule for
+//!   invitees names `invited` only);
 //! - `joined`: membership at the event was join.
 //!
 //! An `m.room.history_visibility` event itself counts with the more permissive
@@ -30,7 +33,7 @@ pub enum Hv {
     Joined,
     /// From the invite on.
     Invited,
-    /// All history, to those joined now.
+    /// All history before one's (latest) join.
     Shared,
     /// Everyone, members or not.
     WorldReadable,
@@ -154,8 +157,6 @@ pub struct Inputs<'a> {
     pub last_seq: i64,
     /// Nothing below this seq is readable (room floor, user floor, retention).
     pub floor: i64,
-    /// Whether the user is joined now (for `shared`).
-    pub joined_now: bool,
 }
 
 /// The seqs the user may read.
@@ -169,8 +170,16 @@ pub fn visible(inputs: &Inputs<'_>) -> SeqRanges {
                 parts.push((range.window_seq.min(range.min_seq), end));
             }
             "invite" => {
+                // The event that ended the invite is the user's own membership
+                // event seen with their membership before it (invite): a
+                // rejected invite must reach the rejecter, whatever the setting.
+                if let Some(end) = range.max_seq {
+                    parts.push((end, end));
+                }
                 for &(lo, hi, hv) in &segments {
-                    if hv >= Hv::Invited {
+                    // The spec's rule for invitees names `invited` only;
+                    // `shared` counts for them once they join, `world_readable` always.
+                    if hv == Hv::Invited {
                         parts.push((lo.max(range.min_seq), hi.min(end)));
                     }
                 }
@@ -178,9 +187,13 @@ pub fn visible(inputs: &Inputs<'_>) -> SeqRanges {
             _ => {}
         }
     }
+    // `shared`: the user joined at some point after the event.
+    let last_join = inputs.ranges.iter().filter(|r| r.kind == "join").map(|r| r.min_seq).max().unwrap_or(0);
     for &(lo, hi, hv) in &segments {
-        if hv == Hv::WorldReadable || (hv == Hv::Shared && inputs.joined_now) {
+        if hv == Hv::WorldReadable {
             parts.push((lo, hi));
+        } else if hv == Hv::Shared {
+            parts.push((lo, hi.min(last_join)));
         }
     }
     SeqRanges::from_unsorted(parts).clamp(inputs.floor.max(1), inputs.last_seq)
@@ -209,21 +222,21 @@ mod tests {
         // at 4,881; Cara joins at 4,837; the room is at 4,900.
         let hv = joined_only();
         let ben = [stay(2, Some(4816)), stay(4881, None)];
-        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 4900, floor: 0, joined_now: true });
+        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 4900, floor: 0 });
         assert_eq!(v.0, vec![(2, 4816), (4881, 4900)]);
         // The 64 events of the gap stay hidden.
         assert_eq!((4817..4881).filter(|s| v.contains(*s)).count(), 0);
         assert_eq!(4880 - 4817 + 1, 64);
 
         let cara = [stay(4837, None)];
-        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 4900, floor: 0, joined_now: true });
+        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 4900, floor: 0 });
         assert_eq!(v.first(), Some(4837));
         // With the pre-join window of 100, her start moves back 100.
         let cara = [Range { window_seq: 4737, ..stay(4837, None) }];
-        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 4900, floor: 0, joined_now: true });
+        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 4900, floor: 0 });
         assert_eq!(v.0, vec![(4737, 4900)]);
         // ... but never below the floor.
-        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 4900, floor: 4800, joined_now: true });
+        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 4900, floor: 4800 });
         assert_eq!(v.0, vec![(4800, 4900)]);
     }
 
@@ -231,23 +244,34 @@ mod tests {
     fn a_departed_user_keeps_their_stay_and_nothing_newer() {
         let hv = joined_only();
         let ben = [stay(2, Some(4816))];
-        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 4900, floor: 0, joined_now: false });
+        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 4900, floor: 0 });
         assert_eq!(v.0, vec![(2, 4816)]);
         assert!(v.contains(4816), "the leaver sees their own leave");
         assert!(!v.contains(4817));
     }
 
     #[test]
-    fn shared_opens_all_shared_history_to_current_members_only() {
+    fn shared_opens_the_history_before_ones_latest_join() {
         // Default (no visibility event) is shared.
         let hv = HvLine::default();
         let ben = [stay(2, Some(10)), stay(20, None)];
-        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 30, floor: 0, joined_now: true });
+        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 30, floor: 0 });
         assert_eq!(v.0, vec![(1, 30)]);
-        // Once he has left, only his stays.
+        // After leaving he keeps all he could see: everything up to his leave,
+        // the gap too (he joined after it), nothing after.
         let ben = [stay(2, Some(10)), stay(20, Some(25))];
-        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 30, floor: 0, joined_now: false });
-        assert_eq!(v.0, vec![(2, 10), (20, 25)]);
+        let v = visible(&Inputs { ranges: &ben, hv: &hv, last_seq: 30, floor: 0 });
+        assert_eq!(v.0, vec![(1, 25)]);
+        // Someone invited who never joined sees nothing of a shared room but
+        // their own rejection.
+        let eve = [invite(5, Some(6))];
+        let v = visible(&Inputs {
+            ranges: &eve,
+            hv: &HvLine { changes: vec![(0, Hv::Shared)] },
+            last_seq: 30,
+            floor: 0,
+        });
+        assert_eq!(v.0, vec![(6, 6)], "an invite alone opens nothing under shared: {v:?}");
     }
 
     #[test]
@@ -265,7 +289,7 @@ mod tests {
             ]
         );
         let cara = [stay(25, None)];
-        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 30, floor: 0, joined_now: true });
+        let v = visible(&Inputs { ranges: &cara, hv: &hv, last_seq: 30, floor: 0 });
         // 11..=19 were sent under `joined`: hidden, although the room is shared now.
         assert_eq!(v.0, vec![(1, 10), (20, 30)]);
     }
@@ -274,22 +298,22 @@ mod tests {
     fn invited_reads_from_the_invite_on() {
         let hv = HvLine { changes: vec![(0, Hv::Invited)] };
         let dan = [invite(5, Some(8)), stay(8, None)];
-        let v = visible(&Inputs { ranges: &dan, hv: &hv, last_seq: 12, floor: 0, joined_now: true });
+        let v = visible(&Inputs { ranges: &dan, hv: &hv, last_seq: 12, floor: 0 });
         assert_eq!(v.0, vec![(5, 12)]);
         // A rejected invite: the invite through the rejection.
         let eve = [invite(5, Some(9))];
-        let v = visible(&Inputs { ranges: &eve, hv: &hv, last_seq: 12, floor: 0, joined_now: false });
+        let v = visible(&Inputs { ranges: &eve, hv: &hv, last_seq: 12, floor: 0 });
         assert_eq!(v.0, vec![(5, 9)]);
-        // Under `joined`, an invite shows nothing.
+        // Under `joined`, an invite shows nothing but its own end (the rejection).
         let hv = joined_only();
-        let v = visible(&Inputs { ranges: &eve, hv: &hv, last_seq: 12, floor: 0, joined_now: false });
-        assert!(v.is_empty());
+        let v = visible(&Inputs { ranges: &eve, hv: &hv, last_seq: 12, floor: 0 });
+        assert_eq!(v.0, vec![(9, 9)]);
     }
 
     #[test]
     fn world_readable_needs_no_membership() {
         let hv = HvLine { changes: vec![(3, Hv::WorldReadable), (7, Hv::Joined)] };
-        let v = visible(&Inputs { ranges: &[], hv: &hv, last_seq: 10, floor: 0, joined_now: false });
+        let v = visible(&Inputs { ranges: &[], hv: &hv, last_seq: 10, floor: 0 });
         // The event at 7 itself counts as the more permissive of before and after.
         assert_eq!(v.0, vec![(3, 7)]);
     }

@@ -252,13 +252,19 @@ pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result
         .collect())
 }
 
-/// Every event of one state type in a room: (seq, PDU json), in seq order.
-pub async fn state_changes(db: &Db, room_id: &str, event_type: &str) -> Result<Vec<(i64, String)>> {
+/// Every event of one state type and key in a room: (seq, PDU json), in seq order.
+pub async fn state_changes(
+    db: &Db,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+) -> Result<Vec<(i64, String)>> {
     Ok(sqlx::query_as(
-        "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = $2 AND state_key IS NOT NULL ORDER BY seq",
+        "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = $2 AND state_key = $3 ORDER BY seq",
     )
     .bind(room_id)
     .bind(event_type)
+    .bind(state_key)
     .fetch_all(&db.pool)
     .await?)
 }

@@ -366,7 +366,7 @@ async fn joined_room(
     };
 
     let mut ephemeral = Vec::new();
-    if let Some(users) = state.typing.changed_since(room_id, req.since.map(|s| s.typing)) {
+    if let Some(users) = state.typing.changed_since(room_id, req.since.map(|s| s.typing), now.typing) {
         ephemeral.push(json!({ "type": "m.typing", "content": { "user_ids": users } }));
     }
     let changed = receipts::changed(&state.db, room_id, since.stream, now.stream).await?;

@@ -72,11 +72,16 @@ impl Typing {
         self.lock().serial
     }
 
-    /// The users typing in `room` if that changed after serial `since`
-    /// (`None`: an initial sync, which hears of anyone typing now).
-    pub fn changed_since(&self, room: &str, since: Option<u64>) -> Option<Vec<String>> {
+    /// The users typing in `room` if that changed in `(since, upto]`
+    /// (`since` `None`: an initial sync, which hears of anyone typing). A change
+    /// after `upto` (the serial in the token being handed out) waits for the
+    /// next sync, so no token ever covers less than the body it came with.
+    pub fn changed_since(&self, room: &str, since: Option<u64>, upto: u64) -> Option<Vec<String>> {
         let inner = self.lock();
         let last = inner.changed.get(room).copied().unwrap_or(0);
+        if last > upto {
+            return None;
+        }
         match since {
             Some(since) if last <= since => return None,
             None if inner.rooms.get(room).is_none_or(|u| u.is_empty()) => return None,
@@ -99,12 +104,17 @@ mod tests {
         assert!(t.set("!r", "@a", Some(Duration::from_secs(30))));
         let s1 = t.serial();
         assert!(!t.set("!r", "@a", Some(Duration::from_secs(30))), "still typing: no change");
-        assert_eq!(t.changed_since("!r", None), Some(vec!["@a".to_owned()]));
-        assert_eq!(t.changed_since("!r", Some(0)), Some(vec!["@a".to_owned()]));
-        assert_eq!(t.changed_since("!r", Some(s1)), None);
+        assert_eq!(t.changed_since("!r", None, s1), Some(vec!["@a".to_owned()]));
+        assert_eq!(t.changed_since("!r", Some(0), s1), Some(vec!["@a".to_owned()]));
+        assert_eq!(t.changed_since("!r", Some(0), 0), None, "a change after the token waits");
+        assert_eq!(t.changed_since("!r", Some(s1), s1), None);
         assert!(t.set("!r", "@a", None));
-        assert_eq!(t.changed_since("!r", Some(s1)), Some(vec![]));
-        assert_eq!(t.changed_since("!r", None), None, "nobody typing: nothing to tell a new client");
+        assert_eq!(t.changed_since("!r", Some(s1), t.serial()), Some(vec![]));
+        assert_eq!(
+            t.changed_since("!r", None, t.serial()),
+            None,
+            "nobody typing: nothing to tell a new client"
+        );
         assert!(t.set("!r", "@b", Some(Duration::ZERO)));
         assert_eq!(t.expire(), vec!["!r".to_owned()]);
     }

@@ -151,6 +151,13 @@ async fn send_state(
             crate::room::directory::validate_canonical_alias(&state, &body.room_id, &value).await?;
         }
         "m.room.third_party_invite" => return Err(third_party_invites_unsupported()),
+        // The same checks as /invite, /kick, /ban: one membership path.
+        "m.room.member" if body.state_key != me.user_id.as_str() => {
+            let target = ruma::UserId::parse(&body.state_key).map_err(|_| {
+                Error::InvalidParam("The state key of m.room.member must be a user id".into())
+            })?;
+            crate::room::membership::check_target(&state, &target).await?;
+        }
         _ => {}
     }
     let draft = Draft {
