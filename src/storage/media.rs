@@ -49,9 +49,11 @@ pub async fn set_uploaded(
     Ok(r.rows_affected() > 0)
 }
 
+type Row = (String, Option<String>, Option<String>, i64, i64);
+
 /// One media item.
 pub async fn get(db: &Db, media_id: &str) -> Result<Option<MediaRow>> {
-    let row: Option<(String, Option<String>, Option<String>, i64, i64)> = sqlx::query_as(
+    let row: Option<Row> = sqlx::query_as(
         "SELECT uploader, content_type, filename, uploaded, created_ts FROM media WHERE media_id = $1",
     )
     .bind(media_id)
