@@ -5,6 +5,7 @@
 pub mod client;
 pub mod error;
 pub mod extract;
+pub mod media;
 
 use axum::Router;
 use axum::extract::Request;
@@ -17,7 +18,7 @@ use crate::state::AppState;
 
 /// The whole HTTP application.
 pub fn router(state: AppState) -> Router {
-    client::routes(Router::new())
+    media::routes(client::routes(Router::new()))
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .layer(middleware::from_fn(cors))
