@@ -6,6 +6,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod media;
+pub mod notify;
 pub mod ratelimit;
 pub mod room;
 pub mod server;

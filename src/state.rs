@@ -33,6 +33,8 @@ pub struct Services {
     pub notifier: Notifier,
     /// Who is typing where.
     pub typing: Typing,
+    /// Unread-notification counts already worked out.
+    pub counts: crate::notify::CountCache,
 }
 
 impl AppState {
@@ -47,6 +49,7 @@ impl AppState {
             streams: Streams::starting_after(last_stream),
             notifier: Notifier::default(),
             typing: Typing::default(),
+            counts: crate::notify::CountCache::default(),
         }))
     }
 }

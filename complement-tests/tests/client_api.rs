@@ -11,6 +11,7 @@ backend_tests!(
     push_rules_start_from_the_defaults_and_can_be_edited,
     keys_upload_query_claim_and_to_device,
     startup_probes_answer_as_clients_expect,
+    unread_counts_follow_push_rules_and_drop_on_receipt,
 );
 
 async fn profile_changes_reach_member_events(backend: Backend) {
@@ -217,4 +218,63 @@ async fn startup_probes_answer_as_clients_expect(backend: Backend) {
     assert_eq!((status, body), (200, json!({ "pushers": [] })));
     let (status, body) = server.get("/_matrix/client/unstable/org.matrix.msc4143/rtc/transports", t).await;
     assert_eq!((status, body["errcode"].as_str()), (404, Some("M_UNRECOGNIZED")));
+}
+
+async fn unread_counts_follow_push_rules_and_drop_on_receipt(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let (_, created) = server
+        .post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({ "preset": "public_chat" }))
+        .await;
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    let (status, _) =
+        server.post(&format!("/_matrix/client/v3/join/{room}"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    let server = &server;
+    let send = |txn: &str, content: Value| {
+        let path = format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/{txn}");
+        let token = alice.token.clone();
+        async move { server.put(&path, Some(&token), content).await.1["event_id"].as_str().unwrap().to_owned() }
+    };
+    send("1", json!({ "msgtype": "m.text", "body": "one" })).await;
+    send("2", json!({ "msgtype": "m.text", "body": "hey bob", "m.mentions": { "user_ids": [bob.user_id] } }))
+        .await;
+    let last = send("3", json!({ "msgtype": "m.text", "body": "three" })).await;
+    // Bob's own message does not count for him.
+    let (status, _) = server
+        .put(
+            &format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/b1"),
+            Some(&bob.token),
+            json!({ "msgtype": "m.text", "body": "mine" }),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    let (_, sync) = server.get("/_matrix/client/v3/sync", Some(&bob.token)).await;
+    let counts = &sync["rooms"]["join"][&room]["unread_notifications"];
+    assert_eq!(counts, &json!({ "notification_count": 3, "highlight_count": 1 }), "{sync}");
+
+    let (_, list) = server.get("/_matrix/client/v3/notifications", Some(&bob.token)).await;
+    let bodies: Vec<&str> = list["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["event"]["content"]["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, vec!["three", "hey bob", "one"], "{list}");
+    let (_, only) = server.get("/_matrix/client/v3/notifications?only=highlight", Some(&bob.token)).await;
+    assert_eq!(only["notifications"].as_array().unwrap().len(), 1);
+
+    let since = sync["next_batch"].as_str().unwrap().to_owned();
+    let (status, _) = server
+        .post(&format!("/_matrix/client/v3/rooms/{room}/receipt/m.read/{last}"), Some(&bob.token), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let (_, sync) =
+        server.get(&format!("/_matrix/client/v3/sync?since={since}&timeout=5000"), Some(&bob.token)).await;
+    let counts = &sync["rooms"]["join"][&room]["unread_notifications"];
+    assert_eq!(counts, &json!({ "notification_count": 0, "highlight_count": 0 }), "{sync}");
+    let (_, list) = server.get("/_matrix/client/v3/notifications", Some(&bob.token)).await;
+    assert!(list["notifications"].as_array().unwrap().iter().all(|n| n["read"] == true), "{list}");
 }

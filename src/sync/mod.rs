@@ -393,6 +393,7 @@ async fn joined_room(
     if !initial && !req.full_state && !news {
         return Ok(None);
     }
+    let (notify, highlight) = crate::notify::counts(state, view, access, me, now_seq).await?;
     let prev_batch = history::token(start - 1);
     let mut room = json!({
         "timeline": {
@@ -402,7 +403,7 @@ async fn joined_room(
         },
         "ephemeral": { "events": ephemeral },
         "account_data": { "events": account_data },
-        "unread_notifications": { "notification_count": 0, "highlight_count": 0 },
+        "unread_notifications": { "notification_count": notify, "highlight_count": highlight },
         "summary": summary(state, view, &me.user_id).await?,
     });
     room[state_key] = json!({ "events": state_events });

@@ -10,9 +10,9 @@ use ruma::UserId;
 use ruma::api::client::backup::get_latest_backup_info;
 use ruma::api::client::push::set_pusher::v3::PusherAction;
 use ruma::api::client::push::{
-    delete_pushrule, get_pushers, get_pushrule, get_pushrule_actions, get_pushrule_enabled,
-    get_pushrules_all, get_pushrules_global_scope, set_pusher, set_pushrule, set_pushrule_actions,
-    set_pushrule_enabled,
+    delete_pushrule, get_notifications, get_pushers, get_pushrule, get_pushrule_actions,
+    get_pushrule_enabled, get_pushrules_all, get_pushrules_global_scope, set_pusher, set_pushrule,
+    set_pushrule_actions, set_pushrule_enabled,
 };
 use ruma::api::client::thirdparty::get_protocols;
 use ruma::api::client::voip::get_turn_server_info;
@@ -35,6 +35,7 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, set_enabled);
     let router = route_json(router, rule_actions);
     let router = route(router, set_actions);
+    let router = route_json(router, notifications);
     let router = route_json(router, pushers);
     let router = route(router, set_pushers);
     let router = route_json(router, key_backup);
@@ -45,17 +46,7 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
         .route("/_matrix/client/r0/pushrules", axum::routing::get(all_rules_plain))
 }
 
-/// A user's rule set: what they stored, or the server defaults.
-pub async fn ruleset(state: &AppState, user: &UserId) -> Result<Ruleset> {
-    match account_data::get(&state.db, user.as_str(), "", "m.push_rules").await? {
-        Some(text) => {
-            let value: Value = serde_json::from_str(&text).map_err(|e| Error::Internal(e.to_string()))?;
-            serde_json::from_value(value["global"].clone())
-                .map_err(|e| Error::Internal(format!("stored push rules: {e}")))
-        }
-        None => Ok(Ruleset::server_default(user)),
-    }
-}
+use crate::notify::ruleset;
 
 async fn save(state: &AppState, user: &UserId, rules: &Ruleset) -> Result<()> {
     let content = json!({ "global": rules });
@@ -170,6 +161,65 @@ async fn set_actions(
         .map_err(|_| not_found())?;
     save(&state, &me.user_id, &rules).await?;
     Ok(set_pushrule_actions::v3::Response::new())
+}
+
+/// `/notifications`: the notifying events of the user's joined rooms, newest
+/// first (the most recent [`NOTIFICATION_WINDOW`] readable events of each room
+/// are looked at), `read` when at or before their read receipt. `from` is the
+/// `next_token` of a previous page; `only=highlight` keeps highlights.
+async fn notifications(state: AppState, req: Ruma<get_notifications::v3::Request>) -> Result<Value> {
+    const NOTIFICATION_WINDOW: usize = 200;
+    let me = req.requester()?;
+    let limit = req.body.limit.map_or(50, |l| usize::try_from(u64::from(l)).unwrap_or(50)).clamp(1, 200);
+    let before_ts: Option<i64> = match &req.body.from {
+        Some(token) => Some(token.parse().map_err(|_| Error::InvalidParam("Invalid from token".into()))?),
+        None => None,
+    };
+    let only_highlight = req.body.only.as_deref() == Some("highlight");
+    let mut found: Vec<(i64, Value)> = Vec::new();
+    for room in crate::storage::events::rooms_with_membership(&state.db, me.user_id.as_str(), "join").await? {
+        let room_id =
+            ruma::OwnedRoomId::try_from(room.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
+        let view = crate::room::read::open(&state, &room_id).await?;
+        let access = crate::room::read::access(&state, &view, &me.user_id).await?;
+        let read = crate::notify::read_up_to(&state, &room, &me.user_id).await?;
+        let events = crate::notify::evaluate_range(
+            &state,
+            &view,
+            &access,
+            me,
+            0,
+            view.room.last_seq,
+            NOTIFICATION_WINDOW,
+        )
+        .await?;
+        for (loaded, outcome) in events {
+            if !outcome.notify || (only_highlight && !outcome.highlight) {
+                continue;
+            }
+            let ts = i64::try_from(u64::from(loaded.pdu.origin_server_ts.0)).unwrap_or(0);
+            if before_ts.is_some_and(|b| ts >= b) {
+                continue;
+            }
+            let event = crate::room::read::format(&view, &loaded, me, &access.history);
+            let mut actions = vec![json!("notify")];
+            if outcome.highlight {
+                actions.push(json!({ "set_tweak": "highlight" }));
+            }
+            found.push((
+                ts,
+                json!({ "room_id": room, "event": event, "read": loaded.stored.seq <= read, "ts": ts, "actions": actions }),
+            ));
+        }
+    }
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    let more = found.len() > limit;
+    found.truncate(limit);
+    let mut body = json!({ "notifications": found.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>() });
+    if more && let Some((ts, _)) = found.last() {
+        body["next_token"] = json!(ts.to_string());
+    }
+    Ok(body)
 }
 
 async fn pushers(state: AppState, req: Ruma<get_pushers::v3::Request>) -> Result<Value> {

@@ -1,0 +1,204 @@
+//! Push rules at work: each user's rule set (stored as `m.push_rules` account
+//! data, starting from the spec's defaults) evaluated on the events after their
+//! read receipt, giving `/sync`'s `unread_notifications` and `/notifications`.
+//! Counting happens when asked, from the same readable ranges as every other
+//! read, so nothing is written per recipient on the send path.
+
+use ruma::events::room::power_levels::RoomPowerLevels;
+use ruma::push::{Action, PushConditionRoomCtx, Ruleset};
+use ruma::serde::Raw;
+use ruma::{OwnedRoomId, UInt, UserId};
+use serde_json::Value;
+
+use crate::account::Requester;
+use crate::error::{Error, Result};
+use crate::room::history::{self, Dir, EventFilter, PageRequest};
+use crate::room::read::{self, Access, Loaded, RoomView};
+use crate::state::AppState;
+use crate::storage::{account_data, events};
+
+/// The most unread events looked at per room; counts stop there.
+pub const MAX_COUNTED: usize = 1000;
+
+/// A user's rule set: what they stored, or the server defaults.
+pub async fn ruleset(state: &AppState, user: &UserId) -> Result<Ruleset> {
+    match account_data::get(&state.db, user.as_str(), "", "m.push_rules").await? {
+        Some(text) => {
+            let value: Value = serde_json::from_str(&text).map_err(|e| Error::Internal(e.to_string()))?;
+            serde_json::from_value(value["global"].clone())
+                .map_err(|e| Error::Internal(format!("stored push rules: {e}")))
+        }
+        None => Ok(Ruleset::server_default(user)),
+    }
+}
+
+/// What the rules say about one event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The event notifies.
+    pub notify: bool,
+    /// The event highlights.
+    pub highlight: bool,
+}
+
+/// Evaluates rules for events of one room for one user.
+pub struct Evaluator {
+    rules: Ruleset,
+    ctx: PushConditionRoomCtx,
+}
+
+impl Evaluator {
+    /// Builds the room context (member count, display name, power levels).
+    pub async fn new(state: &AppState, view: &RoomView, user: &UserId) -> Result<Self> {
+        let rules = ruleset(state, user).await?;
+        let room_id =
+            OwnedRoomId::try_from(view.room.room_id.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut members = 0u64;
+        let mut display_name = user.localpart().to_owned();
+        for stored in events::current_state(&state.db, &view.room.room_id).await? {
+            let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
+            if pdu.kind.to_string() != "m.room.member" {
+                continue;
+            }
+            let content: Value = pdu.content_as().unwrap_or_default();
+            if content["membership"] == "join" {
+                members += 1;
+                if pdu.state_key.as_deref() == Some(user.as_str())
+                    && let Some(name) = content["displayname"].as_str()
+                {
+                    display_name = name.to_owned();
+                }
+            }
+        }
+        let mut ctx = PushConditionRoomCtx::new(
+            room_id,
+            UInt::try_from(members).unwrap_or_default(),
+            user.to_owned(),
+            display_name,
+        );
+        let levels: RoomPowerLevels = crate::room::power::current(state, view).await?;
+        ctx.power_levels = Some(levels.into());
+        Ok(Self { rules, ctx })
+    }
+
+    /// The outcome for one client-format event.
+    pub async fn evaluate(&self, event: &Value) -> Outcome {
+        let Ok(raw) = serde_json::value::to_raw_value(event) else { return Outcome::default() };
+        let raw: Raw<ruma::events::AnySyncTimelineEvent> = Raw::from_json(raw);
+        let actions = self.rules.get_actions(&raw, &self.ctx).await;
+        Outcome {
+            notify: actions.iter().any(|a| matches!(a, Action::Notify)),
+            highlight: actions.iter().any(Action::is_highlight),
+        }
+    }
+}
+
+/// The seq of the user's newest read receipt (public or private) in the room.
+pub async fn read_up_to(state: &AppState, room_id: &str, user: &UserId) -> Result<i64> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT event_id FROM receipts WHERE room_id = $1 AND user_id = $2 AND receipt_type IN ('m.read', 'm.read.private')",
+    )
+    .bind(room_id)
+    .bind(user.as_str())
+    .fetch_all(&state.db.pool)
+    .await?;
+    let mut best = 0;
+    for id in ids {
+        if let Some(e) = events::by_id(&state.db, &id).await? {
+            best = best.max(e.seq);
+        }
+    }
+    Ok(best)
+}
+
+/// The readable events from others in `(after, upto]`, newest first, with
+/// what the rules say of each.
+pub async fn evaluate_range(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    me: &Requester,
+    after: i64,
+    upto: i64,
+    limit: usize,
+) -> Result<Vec<(Loaded, Outcome)>> {
+    let read = after;
+    if read >= upto {
+        return Ok(Vec::new());
+    }
+    let page = history::page(
+        state,
+        view,
+        access,
+        PageRequest {
+            from: upto,
+            to: Some(read),
+            dir: Dir::Backward,
+            limit,
+            filter: &EventFilter::default(),
+        },
+    )
+    .await?;
+    let evaluator = Evaluator::new(state, view, &me.user_id).await?;
+    let mut out = Vec::new();
+    for loaded in page.events {
+        if loaded.pdu.sender == me.user_id {
+            continue;
+        }
+        let event = read::format(view, &loaded, me, &access.history);
+        let outcome = evaluator.evaluate(&event).await;
+        out.push((loaded, outcome));
+    }
+    Ok(out)
+}
+
+/// Counts computed before, per (user, room): the read receipt and the head
+/// they were computed for, so the next sync only evaluates what is new.
+#[derive(Debug, Default)]
+pub struct CountCache {
+    entries: std::sync::Mutex<std::collections::HashMap<(String, String), Cached>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    read: i64,
+    upto: i64,
+    notify: u64,
+    highlight: u64,
+}
+
+fn tally(events: &[(Loaded, Outcome)]) -> (u64, u64) {
+    let notify = events.iter().filter(|(_, o)| o.notify).count() as u64;
+    let highlight = events.iter().filter(|(_, o)| o.notify && o.highlight).count() as u64;
+    (notify, highlight)
+}
+
+/// `unread_notifications` for one room: notifying events from others after
+/// the user's read receipt, up to seq `upto` (at most [`MAX_COUNTED`] looked at).
+pub async fn counts(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    me: &Requester,
+    upto: i64,
+) -> Result<(u64, u64)> {
+    let read = read_up_to(state, &view.room.room_id, &me.user_id).await?;
+    let key = (me.user_id.to_string(), view.room.room_id.clone());
+    let cached = state.counts.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+    let (notify, highlight) = match cached {
+        Some(c) if c.read == read && c.upto == upto => (c.notify, c.highlight),
+        Some(c) if c.read == read && c.upto < upto => {
+            let new = evaluate_range(state, view, access, me, c.upto, upto, MAX_COUNTED).await?;
+            let (n, h) = tally(&new);
+            (c.notify + n, c.highlight + h)
+        }
+        _ => tally(&evaluate_range(state, view, access, me, read, upto, MAX_COUNTED).await?),
+    };
+    state
+        .counts
+        .entries
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, Cached { read, upto, notify, highlight });
+    Ok((notify, highlight))
+}
