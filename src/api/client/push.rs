@@ -212,7 +212,7 @@ async fn notifications(state: AppState, req: Ruma<get_notifications::v3::Request
             ));
         }
     }
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|n| std::cmp::Reverse(n.0));
     let more = found.len() > limit;
     found.truncate(limit);
     let mut body = json!({ "notifications": found.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>() });
