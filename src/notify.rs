@@ -202,3 +202,115 @@ pub async fn counts(
         .insert(key, Cached { read, upto, notify, highlight });
     Ok((notify, highlight))
 }
+
+/// Sends the notifying events among seqs `lo..=hi` of a room to the HTTP
+/// pushers of `holders` (the users whose ranges hold them), per the Push
+/// Gateway API, with retries. Runs after the commit, off the send path.
+pub async fn push_new_events(state: AppState, room_id: String, lo: i64, hi: i64, holders: Vec<String>) {
+    let users: Vec<String> = {
+        let with_pushers = state.pusher_users.read().unwrap_or_else(|e| e.into_inner());
+        holders.into_iter().filter(|u| with_pushers.contains(u)).collect()
+    };
+    for user in users {
+        if let Err(e) = push_for_user(&state, &room_id, lo, hi, &user).await {
+            tracing::warn!(%user, %room_id, "push failed: {e}");
+        }
+    }
+}
+
+async fn push_for_user(state: &AppState, room_id: &str, lo: i64, hi: i64, user: &str) -> Result<()> {
+    let user_id = ruma::OwnedUserId::try_from(user).map_err(|e| Error::Internal(e.to_string()))?;
+    let pushers: Vec<Value> = account_data::pushers(&state.db, user)
+        .await?
+        .iter()
+        .filter_map(|p| serde_json::from_str::<Value>(p).ok())
+        .filter(|p| p["kind"] == "http" && p["data"]["url"].is_string())
+        .collect();
+    if pushers.is_empty() {
+        return Ok(());
+    }
+    let rid = OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))?;
+    let view = read::open(state, &rid).await?;
+    let access = read::access(state, &view, &user_id).await?;
+    let me = Requester { user_id: user_id.clone(), device_id: "PUSHER".into(), is_admin: false };
+    let events = evaluate_range(state, &view, &access, &me, lo - 1, hi, 100).await?;
+    let (unread, _) = counts(state, &view, &access, &me, hi).await?;
+    for (loaded, outcome) in events.into_iter().rev() {
+        if !outcome.notify {
+            continue;
+        }
+        let event = read::format(&view, &loaded, &me, &access.history);
+        for pusher in &pushers {
+            let body = notification_body(&event, pusher, unread, outcome);
+            let url = pusher["data"]["url"].as_str().unwrap_or_default().to_owned();
+            let pushkey = pusher["pushkey"].as_str().unwrap_or_default().to_owned();
+            let app_id = pusher["app_id"].as_str().unwrap_or_default().to_owned();
+            let state = state.clone();
+            let user = user.to_owned();
+            tokio::spawn(async move { deliver(&state, &user, &app_id, &pushkey, &url, &body).await });
+        }
+    }
+    Ok(())
+}
+
+/// The Push Gateway API body for one event and one pusher.
+fn notification_body(event: &Value, pusher: &Value, unread: u64, outcome: Outcome) -> Value {
+    let mut data = pusher["data"].clone();
+    if let Some(map) = data.as_object_mut() {
+        map.remove("url");
+    }
+    let mut tweaks = serde_json::Map::new();
+    if outcome.highlight {
+        tweaks.insert("highlight".into(), Value::Bool(true));
+    }
+    let device = serde_json::json!({
+        "app_id": pusher["app_id"],
+        "pushkey": pusher["pushkey"],
+        "data": data,
+        "tweaks": tweaks,
+    });
+    let mut notification = serde_json::json!({
+        "event_id": event["event_id"],
+        "room_id": event["room_id"],
+        "counts": { "unread": unread },
+        "prio": if outcome.highlight { "high" } else { "low" },
+        "devices": [device],
+    });
+    if pusher["data"]["format"] != "event_id_only" {
+        notification["type"] = event["type"].clone();
+        notification["sender"] = event["sender"].clone();
+        notification["content"] = event["content"].clone();
+    }
+    serde_json::json!({ "notification": notification })
+}
+
+/// POSTs to a push gateway: up to five tries with doubling waits; a gateway
+/// that rejects the pushkey gets the pusher removed, as the spec asks.
+async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url: &str, body: &Value) {
+    let mut wait = std::time::Duration::from_millis(500);
+    for attempt in 1..=5 {
+        match state.http.post(url).json(body).send().await {
+            Ok(response) if response.status().is_success() => {
+                let reply: Value = response.json().await.unwrap_or_default();
+                let rejected = reply["rejected"].as_array().is_some_and(|r| r.iter().any(|k| k == pushkey));
+                if rejected
+                    && let Err(e) = account_data::set_pusher(&state.db, user, app_id, pushkey, None).await
+                {
+                    tracing::warn!("removing a rejected pusher failed: {e}");
+                }
+                return;
+            }
+            Ok(response) if response.status().is_client_error() && response.status().as_u16() != 429 => {
+                tracing::warn!(%url, status = %response.status(), "push gateway refused the notification");
+                return;
+            }
+            Ok(response) => {
+                tracing::debug!(%url, attempt, status = %response.status(), "push gateway error, retrying")
+            }
+            Err(e) => tracing::debug!(%url, attempt, "push gateway unreachable, retrying: {e}"),
+        }
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+    }
+    tracing::warn!(%url, "push gateway unreachable, notification dropped after 5 tries");
+}

@@ -20,7 +20,8 @@ pub async fn open(settings: Settings) -> Result<AppState> {
     let key = signing_key::load_or_generate(&settings.signing_key_path).map_err(Error::Internal)?;
     let db = Db::connect(&settings.database_url).await?;
     let last_stream = crate::storage::account_data::max_stream(&db).await?;
-    Ok(AppState::new(settings, db, key, last_stream))
+    let pusher_users = crate::storage::account_data::pusher_users(&db).await?.into_iter().collect();
+    Ok(AppState::new(settings, db, key, last_stream, pusher_users))
 }
 
 /// Binds the listener, opens the server and serves the client API until a

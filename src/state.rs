@@ -35,11 +35,21 @@ pub struct Services {
     pub typing: Typing,
     /// Unread-notification counts already worked out.
     pub counts: crate::notify::CountCache,
+    /// Users with at least one pusher (so the send path asks no more).
+    pub pusher_users: std::sync::RwLock<std::collections::HashSet<String>>,
+    /// Outgoing HTTP (push gateways).
+    pub http: reqwest::Client,
 }
 
 impl AppState {
     /// Wraps the services.
-    pub fn new(settings: Settings, db: Db, signing_key: ServerKey, last_stream: i64) -> Self {
+    pub fn new(
+        settings: Settings,
+        db: Db,
+        signing_key: ServerKey,
+        last_stream: i64,
+        pusher_users: std::collections::HashSet<String>,
+    ) -> Self {
         let rate_limiter = RateLimiter::new(settings.rate_limits.clone());
         Self(Arc::new(Services {
             settings,
@@ -50,6 +60,12 @@ impl AppState {
             notifier: Notifier::default(),
             typing: Typing::default(),
             counts: crate::notify::CountCache::default(),
+            pusher_users: std::sync::RwLock::new(pusher_users),
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(30))
+                .user_agent(concat!("seqline/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .unwrap_or_default(),
         }))
     }
 }

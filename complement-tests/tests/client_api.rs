@@ -12,6 +12,7 @@ backend_tests!(
     keys_upload_query_claim_and_to_device,
     startup_probes_answer_as_clients_expect,
     unread_counts_follow_push_rules_and_drop_on_receipt,
+    pushes_reach_the_gateway_only_for_holders,
 );
 
 async fn profile_changes_reach_member_events(backend: Backend) {
@@ -277,4 +278,106 @@ async fn unread_counts_follow_push_rules_and_drop_on_receipt(backend: Backend) {
     assert_eq!(counts, &json!({ "notification_count": 0, "highlight_count": 0 }), "{sync}");
     let (_, list) = server.get("/_matrix/client/v3/notifications", Some(&bob.token)).await;
     assert!(list["notifications"].as_array().unwrap().iter().all(|n| n["read"] == true), "{list}");
+}
+
+/// A fake push gateway on loopback: every POST body arrives on the channel.
+async fn fake_gateway() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/_matrix/push/v1/notify", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = socket.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            let body: Value =
+                                serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or_default();
+                            let _ = tx.send(body);
+                            let reply = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"rejected\":[]}";
+                            let _ = socket.write_all(reply.as_bytes()).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+async fn pushes_reach_the_gateway_only_for_holders(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let (url, mut pushed) = fake_gateway().await;
+    let pusher = json!({
+        "pushkey": "bob-key", "kind": "http", "app_id": "org.example.app", "app_display_name": "App",
+        "device_display_name": "Phone", "lang": "en", "data": { "url": url, "format": "event_id_only" },
+    });
+    let (status, body) = server.post("/_matrix/client/v3/pushers/set", Some(&bob.token), pusher).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, list) = server.get("/_matrix/client/v3/pushers", Some(&bob.token)).await;
+    assert_eq!(list["pushers"][0]["pushkey"], "bob-key");
+
+    let (_, created) = server
+        .post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({ "preset": "public_chat" }))
+        .await;
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    server.post(&format!("/_matrix/client/v3/join/{room}"), Some(&bob.token), json!({})).await;
+    let say = |txn: &'static str, text: &'static str| {
+        let path = format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/{txn}");
+        let token = alice.token.clone();
+        let server = &server;
+        async move {
+            server.put(&path, Some(&token), json!({ "msgtype": "m.text", "body": text })).await.1["event_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let first = say("1", "hello bob").await;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), pushed.recv())
+        .await
+        .expect("a push")
+        .unwrap();
+    assert_eq!(got["notification"]["event_id"], first.as_str(), "{got}");
+    assert_eq!(got["notification"]["room_id"], room.as_str());
+    assert_eq!(got["notification"]["counts"]["unread"], 1);
+    assert_eq!(got["notification"]["devices"][0]["pushkey"], "bob-key");
+    assert!(got["notification"].get("content").is_none(), "event_id_only: {got}");
+
+    // Bob leaves: what is sent while he is out is not his to be told about.
+    server.post(&format!("/_matrix/client/v3/rooms/{room}/leave"), Some(&bob.token), json!({})).await;
+    let hidden = say("2", "while bob is away").await;
+    server.post(&format!("/_matrix/client/v3/join/{room}"), Some(&bob.token), json!({})).await;
+    let back = say("3", "welcome back").await;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), pushed.recv())
+        .await
+        .expect("a push")
+        .unwrap();
+    assert_eq!(
+        got["notification"]["event_id"],
+        back.as_str(),
+        "the next push is the message after his return"
+    );
+    assert_ne!(got["notification"]["event_id"], hidden.as_str());
 }

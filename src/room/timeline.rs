@@ -317,6 +317,16 @@ impl RoomWriter {
         if let Some((lo, hi)) = appended {
             let users = memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await?;
             state.notifier.wake(users.iter().map(String::as_str));
+            let anyone_pushes = !state.pusher_users.read().unwrap_or_else(|e| e.into_inner()).is_empty();
+            if anyone_pushes {
+                tokio::spawn(crate::notify::push_new_events(
+                    state.clone(),
+                    room_id.to_string(),
+                    lo,
+                    hi,
+                    users,
+                ));
+            }
         }
         Ok(())
     }

@@ -129,3 +129,8 @@ pub async fn set_pusher(
     }
     Ok(())
 }
+
+/// Users with at least one pusher.
+pub async fn pusher_users(db: &Db) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT DISTINCT user_id FROM pushers").fetch_all(&db.pool).await?)
+}

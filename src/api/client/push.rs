@@ -243,6 +243,7 @@ async fn set_pushers(
             let text = serde_json::to_string(&data.pusher).map_err(|e| Error::Internal(e.to_string()))?;
             account_data::set_pusher(&state.db, me.user_id.as_str(), &ids.app_id, &ids.pushkey, Some(&text))
                 .await?;
+            state.pusher_users.write().unwrap_or_else(|e| e.into_inner()).insert(me.user_id.to_string());
         }
         PusherAction::Delete(ids) => {
             account_data::set_pusher(&state.db, me.user_id.as_str(), &ids.app_id, &ids.pushkey, None).await?;
