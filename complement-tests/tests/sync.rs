@@ -814,8 +814,14 @@ async fn use_state_after_sends_state_after_the_timeline(backend: Backend) {
     let body = sync(&server, &alice, &since(&token)).await;
     let joined = room_in(&body, "join", &room);
     assert!(joined.get("state_after").is_none(), "{joined}");
-    assert_eq!(ids(timeline(joined)), vec![t3, m13], "{body}");
+    assert_eq!(ids(timeline(joined)), vec![t3.clone(), m13.clone()], "{body}");
     assert!(events(&joined["state"]).is_empty(), "{body}");
+    // The unstable name matrix-js-sdk sends (MSC4222) means the same.
+    let body =
+        sync(&server, &alice, &format!("{}&org.matrix.msc4222.use_state_after=true", since(&token))).await;
+    let joined = room_in(&body, "join", &room);
+    assert!(joined.get("state").is_none(), "{joined}");
+    assert_eq!(ids(events(&joined["state_after"])), vec![t3], "{body}");
 }
 
 async fn long_poll_wakes_on_a_message(backend: Backend) {

@@ -68,12 +68,19 @@ pub struct Ruma<T> {
     pub requester: Option<Requester>,
     /// The peer address of the connection.
     pub client_ip: Option<IpAddr>,
+    /// The raw query string, for unstable parameter names ruma does not know.
+    pub query: String,
 }
 
 impl<T> Ruma<T> {
     /// The caller, for endpoints whose auth scheme requires a token.
     pub fn requester(&self) -> Result<&Requester> {
         self.requester.as_ref().ok_or(Error::MissingToken)
+    }
+
+    /// A query parameter by its exact name.
+    pub fn query_param(&self, name: &str) -> Option<String> {
+        form_urlencoded::parse(self.query.as_bytes()).find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
     }
 
     /// The client address as text, for `last_seen_ip`.
@@ -163,13 +170,14 @@ where
             return Err(Error::NotJson("The request body is not valid JSON".into()));
         }
 
+        let query = parts.uri.query().unwrap_or("").to_owned();
         let mut args: Vec<&str> = path_args.iter().map(String::as_str).collect();
         if empty_state_key {
             args.push("");
         }
         let request = http::Request::from_parts(parts, &bytes[..]);
         let body = T::try_from_http_request(request, &args).map_err(map_parse_error)?;
-        Ok(Self { body, requester, client_ip })
+        Ok(Self { body, requester, client_ip, query })
     }
 }
 

@@ -90,7 +90,9 @@ async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Resul
         full_state: b.full_state,
         filter: sync_filter(&definition),
         timeout: b.timeout.unwrap_or_default().min(MAX_TIMEOUT),
-        use_state_after: b.use_state_after,
+        // matrix-js-sdk sends the unstable name of MSC4222.
+        use_state_after: b.use_state_after
+            || req.query_param("org.matrix.msc4222.use_state_after").is_some_and(|v| v == "true"),
     };
     sync::sync(&state, me, &request).await
 }
