@@ -3,6 +3,8 @@
 //! room's next seq in the transaction that stores it (`timeline`). Knows
 //! nothing of HTTP.
 
+#[cfg(test)]
+mod auth_tests;
 pub mod create;
 pub mod directory;
 pub mod format;

@@ -215,14 +215,12 @@ impl RoomWriter {
         };
         let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
 
-        ruma::state_res::check_state_independent_auth_rules(&self.rules.authorization, &pdu, |id| {
-            self.by_id.get(id)
-        })
-        .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))?;
-        ruma::state_res::check_state_dependent_auth_rules(&self.rules.authorization, &pdu, |t, k| {
-            self.state.get(&(t.to_string(), k.to_owned())).and_then(Option::as_ref)
-        })
-        .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))?;
+        authorize(
+            &self.rules,
+            &pdu,
+            |id| self.by_id.get(id),
+            |t, k| self.state.get(&(t.to_string(), k.to_owned())).and_then(Option::as_ref),
+        )?;
 
         let seq = self.last_seq + 1;
         let membership_change = match (&draft.state_key, member_value(&draft.kind, &draft.content)) {
@@ -330,6 +328,21 @@ impl RoomWriter {
         }
         Ok(())
     }
+}
+
+/// The spec's authorisation rules for `pdu` (ruma-state-res): the checks that
+/// need only its auth events, then those against the room's current state.
+/// A refusal is 403 M_FORBIDDEN with the rule's reason.
+pub fn authorize<'a>(
+    rules: &RoomVersionRules,
+    pdu: &Pdu,
+    auth_event: impl Fn(&ruma::EventId) -> Option<&'a Pdu>,
+    current_state: impl Fn(&StateEventType, &str) -> Option<&'a Pdu>,
+) -> Result<()> {
+    ruma::state_res::check_state_independent_auth_rules(&rules.authorization, pdu, auth_event)
+        .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))?;
+    ruma::state_res::check_state_dependent_auth_rules(&rules.authorization, pdu, current_state)
+        .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))
 }
 
 /// Appends one event to an existing room.
