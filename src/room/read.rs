@@ -107,6 +107,11 @@ pub async fn floor(state: &AppState, view: &RoomView, user_id: &UserId) -> Resul
             let since = crate::storage::now_ms() - max_lifetime;
             let first =
                 events::first_seq_since(&state.db, room_id, since).await?.unwrap_or(view.room.last_seq + 1);
+            if first > view.room.floor_seq {
+                // Aged-out history is gone for good: the room's floor moves up
+                // and stays there, whatever the setting later says.
+                crate::storage::rooms::raise_floor(&state.db, room_id, first).await?;
+            }
             floor = floor.max(first);
         }
     }
