@@ -33,6 +33,8 @@ pub struct Services {
     pub notifier: Notifier,
     /// Who is typing where.
     pub typing: Typing,
+    /// Who is online.
+    pub presence: crate::sync::presence::PresenceMap,
     /// Unread-notification counts already worked out.
     pub counts: crate::notify::CountCache,
     /// Users with at least one pusher (so the send path asks no more).
@@ -59,6 +61,7 @@ impl AppState {
             streams: Streams::starting_after(last_stream),
             notifier: Notifier::default(),
             typing: Typing::default(),
+            presence: crate::sync::presence::PresenceMap::default(),
             counts: crate::notify::CountCache::default(),
             pusher_users: std::sync::RwLock::new(pusher_users),
             http: reqwest::Client::builder()

@@ -13,6 +13,7 @@ backend_tests!(
     startup_probes_answer_as_clients_expect,
     unread_counts_follow_push_rules_and_drop_on_receipt,
     pushes_reach_the_gateway_only_for_holders,
+    presence_and_user_directory,
 );
 
 async fn profile_changes_reach_member_events(backend: Backend) {
@@ -380,4 +381,85 @@ async fn pushes_reach_the_gateway_only_for_holders(backend: Backend) {
         "the next push is the message after his return"
     );
     assert_ne!(got["notification"]["event_id"], hidden.as_str());
+}
+
+async fn presence_and_user_directory(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let carol = server.register("carol", "pw").await;
+    let (_, created) = server.post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({})).await;
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    server
+        .post(
+            &format!("/_matrix/client/v3/rooms/{room}/invite"),
+            Some(&alice.token),
+            json!({ "user_id": bob.user_id }),
+        )
+        .await;
+    server.post(&format!("/_matrix/client/v3/join/{room}"), Some(&bob.token), json!({})).await;
+
+    let (_, first) = server.get("/_matrix/client/v3/sync", Some(&alice.token)).await;
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+    let (status, _) = server
+        .put(
+            &format!("/_matrix/client/v3/presence/{}/status", bob.user_id),
+            Some(&bob.token),
+            json!({ "presence": "online", "status_msg": "hiking" }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, got) =
+        server.get(&format!("/_matrix/client/v3/presence/{}/status", bob.user_id), Some(&alice.token)).await;
+    assert_eq!(
+        (got["presence"].as_str(), got["status_msg"].as_str()),
+        (Some("online"), Some("hiking")),
+        "{got}"
+    );
+    let (_, sync) =
+        server.get(&format!("/_matrix/client/v3/sync?since={since}&timeout=5000"), Some(&alice.token)).await;
+    let events = sync["presence"]["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{sync}");
+    assert_eq!(
+        (events[0]["sender"].as_str(), events[0]["content"]["presence"].as_str()),
+        (Some(bob.user_id.as_str()), Some("online"))
+    );
+    // Carol shares no room with bob: his presence is not hers to see in sync.
+    let (_, carol_sync) = server.get("/_matrix/client/v3/sync", Some(&carol.token)).await;
+    assert_eq!(carol_sync["presence"]["events"], json!([]));
+    let (status, _) = server
+        .put(
+            &format!("/_matrix/client/v3/presence/{}/status", bob.user_id),
+            Some(&alice.token),
+            json!({ "presence": "offline" }),
+        )
+        .await;
+    assert_eq!(status, 403);
+
+    // The directory: users sharing a room, or in public rooms.
+    let (_, found) = server
+        .post("/_matrix/client/v3/user_directory/search", Some(&alice.token), json!({ "search_term": "bo" }))
+        .await;
+    assert_eq!(found["results"], json!([{ "user_id": bob.user_id, "display_name": "bob" }]), "{found}");
+    let (_, found) = server
+        .post(
+            "/_matrix/client/v3/user_directory/search",
+            Some(&alice.token),
+            json!({ "search_term": "carol" }),
+        )
+        .await;
+    assert_eq!(found["results"], json!([]), "carol shares no room and is in no public room");
+    let (_, public) = server
+        .post("/_matrix/client/v3/createRoom", Some(&carol.token), json!({ "preset": "public_chat" }))
+        .await;
+    assert!(public["room_id"].is_string());
+    let (_, found) = server
+        .post(
+            "/_matrix/client/v3/user_directory/search",
+            Some(&alice.token),
+            json!({ "search_term": "carol" }),
+        )
+        .await;
+    assert_eq!(found["results"][0]["user_id"], carol.user_id.as_str(), "{found}");
+    assert_eq!(found["limited"], false);
 }

@@ -7,6 +7,7 @@
 //! at or below it. Every room's events go through the user's readable ranges,
 //! the same check as `/messages`.
 
+pub mod presence;
 pub mod typing;
 pub mod writes;
 
@@ -107,6 +108,23 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
             }
         }
     }
+}
+
+/// The user and everyone joined to a room with them now.
+pub async fn room_peers(state: &AppState, me: &UserId) -> Result<Vec<String>> {
+    let mut peers = vec![me.to_string()];
+    for room in events::rooms_with_membership(&state.db, me.as_str(), "join").await? {
+        let members: Vec<String> = sqlx::query_scalar(
+            "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' AND membership = 'join'",
+        )
+        .bind(&room)
+        .fetch_all(&state.db.pool)
+        .await?;
+        peers.extend(members);
+    }
+    peers.sort();
+    peers.dedup();
+    Ok(peers)
 }
 
 /// Users whose devices or keys changed in `(after, upto]` and who share a room
@@ -247,11 +265,16 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
     let fallback =
         keys::unused_fallback_algorithms(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
 
+    let peers = room_peers(state, &me.user_id).await?;
+    let presence =
+        state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, crate::storage::now_ms());
+    has_news |= !presence.is_empty();
+
     let body = json!({
         "next_batch": now.to_token(),
         "rooms": { "join": join, "invite": invite, "leave": leave, "knock": {} },
         "account_data": { "events": global_data },
-        "presence": { "events": [] },
+        "presence": { "events": presence },
         "to_device": { "events": to_device },
         "device_lists": { "changed": changed, "left": [] },
         "device_one_time_keys_count": otk,

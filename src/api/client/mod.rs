@@ -8,6 +8,7 @@ mod ephemeral;
 mod keys;
 mod membership;
 mod messages;
+mod presence;
 mod profile;
 mod push;
 mod rooms;
@@ -34,5 +35,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = profile::routes(router);
     let router = push::routes(router);
     let router = keys::routes(router);
+    let router = presence::routes(router);
     rooms::routes(router)
 }

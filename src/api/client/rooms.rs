@@ -232,9 +232,13 @@ async fn joined_rooms_list(
 
 async fn joined_members_list(state: AppState, req: Ruma<joined_members::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
-    read::open(&state, &req.body.room_id).await?;
-    // Only members who are joined now (a departed user gets 403).
-    read::require_joined(&state, &req.body.room_id, &me.user_id).await?;
+    let view = read::open(&state, &req.body.room_id).await?;
+    // Members joined now, or anyone when the room is world-readable (a
+    // departed user gets 403).
+    let access = read::access(&state, &view, &me.user_id).await?;
+    if !access.joined() && !access.world_readable_now {
+        return Err(Error::Forbidden("You are not joined to this room".into()));
+    }
     let mut joined = serde_json::Map::new();
     for stored in events::current_state(&state.db, req.body.room_id.as_str()).await? {
         let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;

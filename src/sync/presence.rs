@@ -1,0 +1,67 @@
+//! Presence, kept in memory: each change takes a stream position (nothing is
+//! written), so `/sync` reports it like any other change and wakes those who
+//! share a room with the user.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+/// One user's presence.
+#[derive(Debug, Clone)]
+pub struct Presence {
+    /// `online`, `unavailable` or `offline`.
+    pub state: String,
+    /// Free text.
+    pub status_msg: Option<String>,
+    /// When they were last active, ms since the epoch.
+    pub last_active_ts: i64,
+    /// Stream position of the change.
+    pub stream: i64,
+}
+
+/// Everyone's presence.
+#[derive(Debug, Default)]
+pub struct PresenceMap {
+    users: Mutex<HashMap<String, Presence>>,
+}
+
+impl PresenceMap {
+    /// Sets a user's presence at stream position `stream`.
+    pub fn set(&self, user: &str, state: &str, status_msg: Option<String>, now: i64, stream: i64) {
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        users.insert(
+            user.to_owned(),
+            Presence { state: state.to_owned(), status_msg, last_active_ts: now, stream },
+        );
+    }
+
+    /// A user's presence.
+    pub fn get(&self, user: &str) -> Option<Presence> {
+        self.users.lock().unwrap_or_else(|e| e.into_inner()).get(user).cloned()
+    }
+
+    /// `m.presence` events of `users` changed in `(after, upto]` (all known
+    /// ones when `after` is `None`).
+    pub fn events(&self, users: &[String], after: Option<i64>, upto: i64, now: i64) -> Vec<Value> {
+        let map = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for user in users {
+            if let Some(p) = map.get(user)
+                && p.stream <= upto
+                && after.is_none_or(|a| p.stream > a)
+            {
+                let mut content = json!({
+                    "presence": p.state,
+                    "last_active_ago": (now - p.last_active_ts).max(0),
+                    "currently_active": p.state == "online",
+                });
+                if let Some(msg) = &p.status_msg {
+                    content["status_msg"] = json!(msg);
+                }
+                out.push(json!({ "type": "m.presence", "sender": user, "content": content }));
+            }
+        }
+        out
+    }
+}
