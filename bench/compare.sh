@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Runs the chapter's workload (seqline-bench) against a fresh release seqline
+# and a fresh Synapse from PyPI, one server at a time, alternating the order
+# round by round, then prints each round's figures side by side with ratios.
+#
+#   bench/compare.sh [--postgres] [--rounds N] [--only seqline|synapse] [--out DIR] [seqline-bench flags...]
+#   bench/compare.sh --members 100 --messages 1000        # a quick run
+#   bench/compare.sh                                        # the chapter: 500 members, 4,900 messages
+#
+# Everything not listed above is passed to seqline-bench (--members,
+# --messages, --concurrency, --wake-samples, --growth ..., see
+# `seqline-bench --help`). Synapse is installed once into
+# $SYNAPSE_VENV (default ~/.cache/seqline/synapse-venv). Loopback only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/seqline/target}"
+VENV="${SYNAPSE_VENV:-$HOME/.cache/seqline/synapse-venv}"
+PG_URL_BASE="postgres://postgres@127.0.0.1:5432"
+POSTGRES=0
+ROUNDS=1
+ONLY=""
+OUT=""
+BENCH_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --postgres) POSTGRES=1 ;;
+    --rounds) ROUNDS="$2"; shift ;;
+    --only) ONLY="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    *) BENCH_ARGS+=("$1") ;;
+  esac
+  shift
+done
+OUT="${OUT:-$HOME/.cache/seqline/bench-results/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+BACKEND=sqlite; [ "$POSTGRES" = 1 ] && BACKEND=postgres
+echo "results in $OUT (backend $BACKEND)"
+
+echo "== building seqline and seqline-bench (release)"
+cargo build --release --bin seqline -p seqline --quiet
+cargo build --release --bin seqline-bench -p seqline-bench --quiet
+SEQLINE="$CARGO_TARGET_DIR/release/seqline"
+BENCH="$CARGO_TARGET_DIR/release/seqline-bench"
+
+if [ "$ONLY" != seqline ]; then
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import synapse' 2>/dev/null; then
+    echo "== installing Synapse into $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet matrix-synapse
+  fi
+  if [ "$POSTGRES" = 1 ] && ! "$VENV/bin/python" -c 'import psycopg2' 2>/dev/null; then
+    "$VENV/bin/pip" install --quiet psycopg2-binary
+  fi
+  echo "Synapse $("$VENV/bin/python" -c 'import synapse; print(synapse.__version__)')"
+fi
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_ready() { # url pid log
+  for _ in $(seq 1 240); do
+    if curl -fsS "$1/_matrix/client/versions" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$2" 2>/dev/null; then echo "server exited; log:"; tail -n 40 "$3"; return 1; fi
+    sleep 0.5
+  done
+  echo "server did not answer within 120 s; log:"; tail -n 40 "$3"; return 1
+}
+
+fresh_pg_db() { # name
+  psql -q -h 127.0.0.1 -U postgres -d postgres -c "DROP DATABASE IF EXISTS $1" >/dev/null
+  psql -q -h 127.0.0.1 -U postgres -d postgres \
+    -c "CREATE DATABASE $1 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0" >/dev/null
+}
+
+pg_db_mib() { # name -> MiB
+  psql -At -h 127.0.0.1 -U postgres -d postgres -c "SELECT pg_database_size('$1')::float8 / 1048576"
+}
+
+# Adds server.db_mib (PostgreSQL) to a report.
+add_db_mib() { # json mib
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+path, mib = sys.argv[1], float(sys.argv[2])
+r = json.load(open(path))
+r["metrics"]["server.db_mib"] = {"value": mib, "unit": "MiB", "better": "lower"}
+json.dump(r, open(path, "w"), indent=2)
+PY
+}
+
+SERVER_PID=""
+stop_server() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  SERVER_PID=""
+}
+trap stop_server EXIT
+
+run_seqline() { # round
+  local dir="$OUT/seqline-$1" port url db=""
+  rm -rf "$dir"; mkdir -p "$dir/data"
+  port=$(free_port); url="http://127.0.0.1:$port"
+  local envs=(SEQLINE_REGISTRATION=open SEQLINE_RATE_LIMITS=off SEQLINE_LISTEN="127.0.0.1:$port"
+              SEQLINE_DATA_DIR="$dir/data" SEQLINE_SERVER_NAME=localhost SEQLINE_LOG=warn)
+  if [ "$POSTGRES" = 1 ]; then
+    db="seqline_bench_$1"; fresh_pg_db "$db"
+    envs+=(SEQLINE_DATABASE_URL="$PG_URL_BASE/$db")
+  fi
+  env "${envs[@]}" "$SEQLINE" serve >"$dir/server.log" 2>&1 &
+  SERVER_PID=$!
+  wait_ready "$url" "$SERVER_PID" "$dir/server.log"
+  echo "== round $1: seqline at $url (pid $SERVER_PID)"
+  local dbarg=(--db-path "$dir/data/seqline.db"); [ "$POSTGRES" = 1 ] && dbarg=()
+  "$BENCH" --label seqline --base-url "$url" --server-name localhost --pid "$SERVER_PID" "${dbarg[@]}" \
+    --json-out "$dir.json" "${BENCH_ARGS[@]}" | tee "$dir.txt"
+  [ "$POSTGRES" = 1 ] && add_db_mib "$dir.json" "$(pg_db_mib "$db")"
+  stop_server
+}
+
+run_synapse() { # round
+  local dir="$OUT/synapse-$1" port url db=""
+  rm -rf "$dir"; mkdir -p "$dir"
+  port=$(free_port); url="http://127.0.0.1:$port"
+  local dbconf
+  if [ "$POSTGRES" = 1 ]; then
+    db="synapse_bench_$1"; fresh_pg_db "$db"
+    dbconf="database:
+  name: psycopg2
+  args: {user: postgres, host: 127.0.0.1, port: 5432, database: $db, cp_min: 5, cp_max: 10}"
+  else
+    dbconf="database:
+  name: sqlite3
+  args: {database: $dir/homeserver.db}"
+  fi
+  local big="{per_second: 1000000, burst_count: 1000000}"
+  cat >"$dir/log.config" <<YAML
+version: 1
+formatters: {precise: {format: '%(asctime)s - %(name)s - %(levelname)s - %(message)s'}}
+handlers: {file: {class: logging.FileHandler, formatter: precise, filename: $dir/homeserver.log}}
+root: {level: WARNING, handlers: [file]}
+disable_existing_loggers: false
+YAML
+  cat >"$dir/homeserver.yaml" <<YAML
+server_name: localhost
+pid_file: $dir/homeserver.pid
+listeners:
+  - {port: $port, bind_addresses: ['127.0.0.1'], type: http, tls: false, x_forwarded: false,
+     resources: [{names: [client], compress: false}]}
+$dbconf
+log_config: $dir/log.config
+media_store_path: $dir/media_store
+signing_key_path: $dir/localhost.signing.key
+report_stats: false
+macaroon_secret_key: "bench-macaroon-$RANDOM$RANDOM"
+form_secret: "bench-form-$RANDOM$RANDOM"
+registration_shared_secret: "bench-shared-$RANDOM$RANDOM"
+enable_registration: true
+enable_registration_without_verification: true
+trusted_key_servers: []
+suppress_key_server_warning: true
+federation_domain_whitelist: []
+presence: {enabled: false}
+rc_message: $big
+rc_registration: $big
+rc_registration_token_validity: $big
+rc_login: {address: $big, account: $big, failed_attempts: $big}
+rc_admin_redaction: $big
+rc_joins: {local: $big, remote: $big}
+rc_joins_per_room: $big
+rc_3pid_validation: $big
+rc_invites: {per_room: $big, per_user: $big, per_issuer: $big}
+rc_third_party_invite: $big
+rc_media_create: $big
+rc_profile: $big
+rc_room_creation: $big
+rc_reports: $big
+rc_user_directory: $big
+rc_key_requests: $big
+rc_delayed_event_mgmt: $big
+rc_presence: {per_user: $big}
+YAML
+  "$VENV/bin/python" -m synapse.app.homeserver -c "$dir/homeserver.yaml" --generate-keys >"$dir/stdout.log" 2>&1
+  "$VENV/bin/python" -m synapse.app.homeserver -c "$dir/homeserver.yaml" >>"$dir/stdout.log" 2>&1 &
+  SERVER_PID=$!
+  wait_ready "$url" "$SERVER_PID" "$dir/stdout.log"
+  echo "== round $1: Synapse at $url (pid $SERVER_PID)"
+  local dbarg=(--db-path "$dir/homeserver.db"); [ "$POSTGRES" = 1 ] && dbarg=()
+  "$BENCH" --label synapse --base-url "$url" --server-name localhost --pid "$SERVER_PID" "${dbarg[@]}" \
+    --json-out "$dir.json" "${BENCH_ARGS[@]}" | tee "$dir.txt"
+  [ "$POSTGRES" = 1 ] && add_db_mib "$dir.json" "$(pg_db_mib "$db")"
+  stop_server
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+  if [ $((r % 2)) = 1 ]; then order="seqline synapse"; else order="synapse seqline"; fi
+  for s in $order; do
+    [ -n "$ONLY" ] && [ "$ONLY" != "$s" ] && continue
+    "run_$s" "$r"
+  done
+done
+
+if [ -z "$ONLY" ]; then
+  for r in $(seq 1 "$ROUNDS"); do
+    echo "== round $r: seqline vs Synapse ($BACKEND)"
+    "$BENCH" --compare "$OUT/seqline-$r.json,$OUT/synapse-$r.json" | tee "$OUT/compare-$r.txt"
+  done
+fi
+echo "results in $OUT"

@@ -1,0 +1,70 @@
+//! The benchmark (`bench/`, `seqline-bench`) on a tiny size against a debug
+//! seqline: it must finish and report figures. Never asserts on timings.
+
+use complement_tests::backend_tests;
+use complement_tests::harness::{Backend, Server};
+
+backend_tests!(bench_runs_the_chapter_on_a_tiny_size, bench_runs_a_tiny_growth_series);
+
+fn tiny(server: &Server) -> seqline_bench::Config {
+    let mut config = seqline_bench::Config::for_url(&server.base_url);
+    config.server_name.clone_from(&server.server_name);
+    config.members = 5;
+    config.messages = 30;
+    config.wake_samples = 3;
+    config.sync_samples = 1;
+    config.progress = false;
+    config.db_path = Some(server.data_dir.join("seqline.db"));
+    config
+}
+
+fn positive(report: &seqline_bench::Report, key: &str) {
+    let value = report.get(key).unwrap_or_else(|| panic!("no {key} in\n{}", report.table()));
+    assert!(value.is_finite() && value > 0.0, "{key} = {value} in\n{}", report.table());
+}
+
+async fn bench_runs_the_chapter_on_a_tiny_size(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let report =
+        seqline_bench::run(&tiny(&server)).await.unwrap_or_else(|e| panic!("bench: {e}\n{}", server.log()));
+    assert_eq!(report.get("send.count"), Some(30.0), "{}", report.table());
+    assert_eq!(report.get("wake.samples"), Some(3.0), "{}", report.table());
+    for key in [
+        "register.rate",
+        "join.rate",
+        "send.rate",
+        "send.p99_ms",
+        "messages.ben.events",
+        "messages.cara.events",
+        "messages.ben.p50_ms",
+        "sync.initial.full.bytes",
+        "sync.initial.lazy.bytes",
+        "wake.p50_ms",
+    ] {
+        positive(&report, key);
+    }
+    if matches!(backend, Backend::Sqlite) {
+        positive(&report, "server.db_mib");
+    }
+    assert!(report.errors.is_empty(), "failed requests: {:?}", report.errors);
+    // The JSON round-trips and compares with itself.
+    let again = seqline_bench::Report::from_json(&report.to_json()).expect("report JSON");
+    assert!(seqline_bench::compare(&report, &again).contains("send.rate"));
+}
+
+async fn bench_runs_a_tiny_growth_series(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let mut config = tiny(&server);
+    config.growth = vec![40, 60];
+    config.growth_pages = 2;
+    let report = seqline_bench::run(&config).await.unwrap_or_else(|e| panic!("bench: {e}\n{}", server.log()));
+    for key in [
+        "growth.40.events",
+        "growth.60.events",
+        "growth.60.messages_old_member.p50_ms",
+        "growth.60.sync.lazy.bytes",
+    ] {
+        positive(&report, key);
+    }
+    assert!(report.errors.is_empty(), "failed requests: {:?}", report.errors);
+}
