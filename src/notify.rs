@@ -53,21 +53,13 @@ impl Evaluator {
         let rules = ruleset(state, user).await?;
         let room_id =
             OwnedRoomId::try_from(view.room.room_id.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
-        let mut members = 0u64;
+        let counts = events::member_counts(&state.db, &view.room.room_id).await?;
+        let members = counts.iter().find(|(m, _)| m == "join").map_or(0, |(_, n)| u64::try_from(*n).unwrap_or(0));
         let mut display_name = user.localpart().to_owned();
-        for stored in events::current_state(&state.db, &view.room.room_id).await? {
-            let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
-            if pdu.kind.to_string() != "m.room.member" {
-                continue;
-            }
-            let content: Value = pdu.content_as().unwrap_or_default();
-            if content["membership"] == "join" {
-                members += 1;
-                if pdu.state_key.as_deref() == Some(user.as_str())
-                    && let Some(name) = content["displayname"].as_str()
-                {
-                    display_name = name.to_owned();
-                }
+        if let Some(own) = events::state_event(&state.db, &view.room.room_id, "m.room.member", user.as_str()).await? {
+            let content: Value = crate::room::pdu::Pdu::from_stored(&own.event_id, &own.json)?.content_as().unwrap_or_default();
+            if let Some(name) = content["displayname"].as_str() {
+                display_name = name.to_owned();
             }
         }
         let mut ctx = PushConditionRoomCtx::new(
@@ -139,6 +131,9 @@ pub async fn evaluate_range(
         },
     )
     .await?;
+    if page.events.iter().all(|e| e.pdu.sender == me.user_id) {
+        return Ok(Vec::new());
+    }
     let evaluator = Evaluator::new(state, view, &me.user_id).await?;
     let mut out = Vec::new();
     for loaded in page.events {

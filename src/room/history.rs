@@ -184,12 +184,11 @@ pub async fn members_for(
 ) -> Result<Vec<Loaded>> {
     let horizon = access.state_horizon(view.room.last_seq);
     let mut out = Vec::new();
-    for stored in events::state_at(&state.db, &view.room.room_id, horizon).await? {
-        let loaded = read::load(state, stored).await?;
-        if loaded.pdu.kind.to_string() == "m.room.member"
-            && loaded.pdu.state_key.as_deref().is_some_and(|k| senders.iter().any(|s| s.as_str() == k))
+    for sender in senders {
+        if let Some(stored) =
+            events::state_event_at(&state.db, &view.room.room_id, "m.room.member", sender.as_str(), horizon).await?
         {
-            out.push(loaded);
+            out.push(read::load(state, stored).await?);
         }
     }
     Ok(out)

@@ -302,11 +302,25 @@ pub async fn range(
 }
 
 /// The room's state as of seq `at` (each key's latest event at or below it).
+/// Driven by the room's state keys (every key ever set is in `room_state`),
+/// one index seek each: the cost follows the size of the state, not the
+/// length of the timeline.
 pub async fn state_at(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent>> {
+    state_at_where(db, room_id, at, "").await
+}
+
+/// [`state_at`] without member events (lazy-loading fetches those one by one).
+pub async fn state_at_without_members(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent>> {
+    state_at_where(db, room_id, at, "AND s.event_type <> 'm.room.member'").await
+}
+
+async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<Vec<StoredEvent>> {
     let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.state_key IS NOT NULL AND e.seq = \
-           (SELECT MAX(x.seq) FROM events x WHERE x.room_id = e.room_id AND x.event_type = e.event_type \
-              AND x.state_key = e.state_key AND x.seq <= $2) \
+        "SELECT {COLUMNS} FROM room_state s JOIN events e \
+           ON e.room_id = s.room_id AND e.event_type = s.event_type AND e.state_key = s.state_key \
+         WHERE s.room_id = $1 {extra} AND e.seq = \
+           (SELECT MAX(x.seq) FROM events x WHERE x.room_id = s.room_id AND x.event_type = s.event_type \
+              AND x.state_key = s.state_key AND x.seq <= $2) \
          ORDER BY e.seq"
     )))
     .bind(room_id)
@@ -314,4 +328,75 @@ pub async fn state_at(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent
     .fetch_all(&db.pool)
     .await?;
     Ok(rows.into_iter().map(from_row).collect())
+}
+
+/// One state event as of seq `at`.
+pub async fn state_event_at(
+    db: &Db,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+    at: i64,
+) -> Result<Option<StoredEvent>> {
+    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.event_type = $2 AND e.state_key = $3 \
+           AND e.seq <= $4 ORDER BY e.seq DESC LIMIT 1"
+    )))
+    .bind(room_id)
+    .bind(event_type)
+    .bind(state_key)
+    .bind(at)
+    .fetch_optional(&db.pool)
+    .await?;
+    Ok(row.map(from_row))
+}
+
+/// The state as of `at` restricted to keys that changed in `(after, at]`:
+/// what an incremental sync must send. Reads only the events in that stretch.
+pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) -> Result<Vec<StoredEvent>> {
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq > $2 AND e.seq <= $3 \
+           AND e.state_key IS NOT NULL ORDER BY e.seq"
+    )))
+    .bind(room_id)
+    .bind(after)
+    .bind(at)
+    .fetch_all(&db.pool)
+    .await?;
+    // Keep each key's last change only.
+    let mut latest: std::collections::HashMap<(String, String), StoredEvent> = std::collections::HashMap::new();
+    for e in rows.into_iter().map(from_row) {
+        let value: serde_json::Value = serde_json::from_str(&e.json).unwrap_or_default();
+        let key = (
+            value["type"].as_str().unwrap_or_default().to_owned(),
+            value["state_key"].as_str().unwrap_or_default().to_owned(),
+        );
+        latest.insert(key, e);
+    }
+    let mut out: Vec<StoredEvent> = latest.into_values().collect();
+    out.sort_by_key(|e| e.seq);
+    Ok(out)
+}
+
+/// Member counts of a room by membership.
+pub async fn member_counts(db: &Db, room_id: &str) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT membership, COUNT(*) FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' \
+         AND membership IS NOT NULL GROUP BY membership",
+    )
+    .bind(room_id)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Joined and invited members, by user id, at most `limit` (for heroes).
+pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' \
+         AND membership IN ('join', 'invite') ORDER BY state_key LIMIT $2",
+    )
+    .bind(room_id)
+    .bind(limit)
+    .fetch_all(&db.pool)
+    .await?)
 }

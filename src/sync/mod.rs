@@ -110,6 +110,12 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
     }
 }
 
+/// The state key of a stored member event (`None` for other events).
+fn member_key(stored: &events::StoredEvent) -> Option<String> {
+    let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json).ok()?;
+    (pdu.kind.to_string() == "m.room.member").then_some(pdu.state_key).flatten()
+}
+
 /// The user and everyone joined to a room with them now.
 pub async fn room_peers(state: &AppState, me: &UserId) -> Result<Vec<String>> {
     let mut peers = vec![me.to_string()];
@@ -326,11 +332,47 @@ async fn state_section(
     }
     let in_timeline: Vec<&str> = timeline.iter().map(|e| e.stored.event_id.as_str()).collect();
     let senders: Vec<String> = timeline.iter().map(|e| e.pdu.sender.to_string()).collect();
-    let mut out = Vec::new();
-    for stored in events::state_at(&state.db, &view.room.room_id, at).await? {
-        if changed_after.is_some_and(|after| stored.seq <= after) {
-            continue;
+    let room_id = view.room.room_id.as_str();
+    let rows = match changed_after {
+        // Incremental: only what changed since, read from that stretch alone.
+        Some(after) => {
+            let mut rows = events::state_changed_between(&state.db, room_id, after, at).await?;
+            if req.filter.lazy_load_members {
+                // The timeline's senders, whatever changed.
+                let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
+                wanted.sort_unstable();
+                wanted.dedup();
+                for user in wanted {
+                    if rows.iter().any(|r| member_key(r).as_deref() == Some(user)) {
+                        continue;
+                    }
+                    if let Some(m) = events::state_event_at(&state.db, room_id, "m.room.member", user, at).await? {
+                        rows.push(m);
+                    }
+                }
+                rows.sort_by_key(|e| e.seq);
+            }
+            rows
         }
+        // Everything, lazily: the non-member state, then just the members needed.
+        None if req.filter.lazy_load_members => {
+            let mut rows = events::state_at_without_members(&state.db, room_id, at).await?;
+            let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
+            wanted.push(me.user_id.as_str());
+            wanted.sort_unstable();
+            wanted.dedup();
+            for user in wanted {
+                if let Some(m) = events::state_event_at(&state.db, room_id, "m.room.member", user, at).await? {
+                    rows.push(m);
+                }
+            }
+            rows.sort_by_key(|e| e.seq);
+            rows
+        }
+        None => events::state_at(&state.db, room_id, at).await?,
+    };
+    let mut out = Vec::new();
+    for stored in rows {
         if !req.use_state_after && in_timeline.contains(&stored.event_id.as_str()) {
             continue;
         }
@@ -512,36 +554,18 @@ async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<
     Ok(out)
 }
 
-/// `summary`: heroes and member counts.
+/// `summary`: heroes and member counts, from the current-state index.
 async fn summary(state: &AppState, view: &RoomView, me: &UserId) -> Result<Value> {
-    let mut joined = 0u64;
-    let mut invited = 0u64;
-    let mut heroes = Vec::new();
-    let mut has_name = false;
-    for stored in events::current_state(&state.db, &view.room.room_id).await? {
-        let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)?;
-        let kind = pdu.kind.to_string();
-        if kind == "m.room.name" || kind == "m.room.canonical_alias" {
-            has_name = true;
-        }
-        if kind != "m.room.member" {
-            continue;
-        }
-        let content: Value = pdu.content_as().unwrap_or_default();
-        let user = pdu.state_key.clone().unwrap_or_default();
-        match content["membership"].as_str() {
-            Some("join") => joined += 1,
-            Some("invite") => invited += 1,
-            _ => continue,
-        }
-        if user != me.as_str() {
-            heroes.push(user);
-        }
-    }
-    heroes.sort();
-    heroes.truncate(5);
-    let mut summary = json!({ "m.joined_member_count": joined, "m.invited_member_count": invited });
-    if !has_name {
+    let room_id = view.room.room_id.as_str();
+    let counts = events::member_counts(&state.db, room_id).await?;
+    let count = |m: &str| counts.iter().find(|(k, _)| k == m).map_or(0, |(_, n)| *n);
+    let mut summary = json!({ "m.joined_member_count": count("join"), "m.invited_member_count": count("invite") });
+    let named = events::state_event(&state.db, room_id, "m.room.name", "").await?.is_some()
+        || events::state_event(&state.db, room_id, "m.room.canonical_alias", "").await?.is_some();
+    if !named {
+        let mut heroes: Vec<String> =
+            events::some_members(&state.db, room_id, 6).await?.into_iter().filter(|u| u != me.as_str()).collect();
+        heroes.truncate(5);
         summary["m.heroes"] = json!(heroes);
     }
     Ok(summary)
