@@ -54,10 +54,15 @@ impl Evaluator {
         let room_id =
             OwnedRoomId::try_from(view.room.room_id.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
         let counts = events::member_counts(&state.db, &view.room.room_id).await?;
-        let members = counts.iter().find(|(m, _)| m == "join").map_or(0, |(_, n)| u64::try_from(*n).unwrap_or(0));
+        let members =
+            counts.iter().find(|(m, _)| m == "join").map_or(0, |(_, n)| u64::try_from(*n).unwrap_or(0));
         let mut display_name = user.localpart().to_owned();
-        if let Some(own) = events::state_event(&state.db, &view.room.room_id, "m.room.member", user.as_str()).await? {
-            let content: Value = crate::room::pdu::Pdu::from_stored(&own.event_id, &own.json)?.content_as().unwrap_or_default();
+        if let Some(own) =
+            events::state_event(&state.db, &view.room.room_id, "m.room.member", user.as_str()).await?
+        {
+            let content: Value = crate::room::pdu::Pdu::from_stored(&own.event_id, &own.json)?
+                .content_as()
+                .unwrap_or_default();
             if let Some(name) = content["displayname"].as_str() {
                 display_name = name.to_owned();
             }

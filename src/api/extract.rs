@@ -171,6 +171,12 @@ where
         }
 
         let query = parts.uri.query().unwrap_or("").to_owned();
+        // An empty body means no parameters (clients send none for e.g. POST /join).
+        let bytes = if bytes.is_empty() && matches!(parts.method, http::Method::POST | http::Method::PUT) {
+            axum::body::Bytes::from_static(b"{}")
+        } else {
+            bytes
+        };
         let mut args: Vec<&str> = path_args.iter().map(String::as_str).collect();
         if empty_state_key {
             args.push("");

@@ -186,7 +186,8 @@ pub async fn members_for(
     let mut out = Vec::new();
     for sender in senders {
         if let Some(stored) =
-            events::state_event_at(&state.db, &view.room.room_id, "m.room.member", sender.as_str(), horizon).await?
+            events::state_event_at(&state.db, &view.room.room_id, "m.room.member", sender.as_str(), horizon)
+                .await?
         {
             out.push(read::load(state, stored).await?);
         }

@@ -364,7 +364,8 @@ pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) 
     .fetch_all(&db.pool)
     .await?;
     // Keep each key's last change only.
-    let mut latest: std::collections::HashMap<(String, String), StoredEvent> = std::collections::HashMap::new();
+    let mut latest: std::collections::HashMap<(String, String), StoredEvent> =
+        std::collections::HashMap::new();
     for e in rows.into_iter().map(from_row) {
         let value: serde_json::Value = serde_json::from_str(&e.json).unwrap_or_default();
         let key = (
@@ -399,4 +400,16 @@ pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<Stri
     .bind(limit)
     .fetch_all(&db.pool)
     .await?)
+}
+
+/// The highest seq of a room whose stream position is at or below `stream`
+/// (within a room, seq and stream grow together).
+pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
+    let seq: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(seq) FROM events WHERE room_id = $1 AND stream <= $2")
+            .bind(room_id)
+            .bind(stream)
+            .fetch_one(&db.pool)
+            .await?;
+    Ok(seq.unwrap_or(0))
 }

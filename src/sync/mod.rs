@@ -162,13 +162,7 @@ pub async fn device_list_changes(
 
 /// The highest seq of `room_id` whose stream position is at or below `stream`.
 async fn seq_at(state: &AppState, room_id: &str, stream: i64) -> Result<i64> {
-    let seq: Option<i64> =
-        sqlx::query_scalar("SELECT MAX(seq) FROM events WHERE room_id = $1 AND stream <= $2")
-            .bind(room_id)
-            .bind(stream)
-            .fetch_one(&state.db.pool)
-            .await?;
-    Ok(seq.unwrap_or(0))
+    events::seq_at_stream(&state.db, room_id, stream).await
 }
 
 fn format_events(view: &RoomView, events: &[Loaded], me: &Requester, access: &Access) -> Vec<Value> {
@@ -346,7 +340,9 @@ async fn state_section(
                     if rows.iter().any(|r| member_key(r).as_deref() == Some(user)) {
                         continue;
                     }
-                    if let Some(m) = events::state_event_at(&state.db, room_id, "m.room.member", user, at).await? {
+                    if let Some(m) =
+                        events::state_event_at(&state.db, room_id, "m.room.member", user, at).await?
+                    {
                         rows.push(m);
                     }
                 }
@@ -362,7 +358,8 @@ async fn state_section(
             wanted.sort_unstable();
             wanted.dedup();
             for user in wanted {
-                if let Some(m) = events::state_event_at(&state.db, room_id, "m.room.member", user, at).await? {
+                if let Some(m) = events::state_event_at(&state.db, room_id, "m.room.member", user, at).await?
+                {
                     rows.push(m);
                 }
             }
@@ -559,12 +556,16 @@ async fn summary(state: &AppState, view: &RoomView, me: &UserId) -> Result<Value
     let room_id = view.room.room_id.as_str();
     let counts = events::member_counts(&state.db, room_id).await?;
     let count = |m: &str| counts.iter().find(|(k, _)| k == m).map_or(0, |(_, n)| *n);
-    let mut summary = json!({ "m.joined_member_count": count("join"), "m.invited_member_count": count("invite") });
+    let mut summary =
+        json!({ "m.joined_member_count": count("join"), "m.invited_member_count": count("invite") });
     let named = events::state_event(&state.db, room_id, "m.room.name", "").await?.is_some()
         || events::state_event(&state.db, room_id, "m.room.canonical_alias", "").await?.is_some();
     if !named {
-        let mut heroes: Vec<String> =
-            events::some_members(&state.db, room_id, 6).await?.into_iter().filter(|u| u != me.as_str()).collect();
+        let mut heroes: Vec<String> = events::some_members(&state.db, room_id, 6)
+            .await?
+            .into_iter()
+            .filter(|u| u != me.as_str())
+            .collect();
         heroes.truncate(5);
         summary["m.heroes"] = json!(heroes);
     }

@@ -386,6 +386,13 @@ async def flow(hs: str, server_name: str, e2e: bool, prefix: str, store: str) ->
 
     # Bob pages back as clients do: from the prev_batch of the latest sync
     # batch that had events in the room, those events being the newest part.
+    # nio runs event callbacks before response callbacks, so wait until the
+    # batch holding the last message has been recorded too.
+    last_body = expected[-1][1]
+    await wait_for(
+        "bob's latest sync batch to be recorded",
+        lambda: any(getattr(e, "body", None) == last_body for e in bob.last_batch.get(room_id, ("", []))[1]),
+    )
     prev_batch, batch = bob.last_batch[room_id]
     history, pages = await paginate(bob, room_id, prev_batch, "prev_batch of bob's latest sync batch")
     history += batch

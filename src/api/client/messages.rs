@@ -46,6 +46,16 @@ async fn open_for_history(state: &AppState, room_id: &ruma::RoomId) -> Result<Ro
     }
 }
 
+/// A position on the room's seq line from a `/messages` token (`t<seq>`) or a
+/// `/sync` token (`s<stream>_<typing>`, which the spec allows here too).
+async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64> {
+    if token.starts_with('s') {
+        let t = crate::sync::Token::parse(token)?;
+        return crate::storage::events::seq_at_stream(&state.db, &view.room.room_id, t.stream).await;
+    }
+    history::parse_token(token)
+}
+
 /// 403 for a room the user may read nothing of and was never in.
 fn require_some_access(access: &Access) -> Result<()> {
     if access.ranges.is_empty() && !access.ever_member() {
@@ -84,11 +94,14 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
         Direction::Forward => Dir::Forward,
     };
     let from = match &b.from {
-        Some(t) => history::parse_token(t)?,
+        Some(t) => position(&state, &view, t).await?,
         None if dir == Dir::Backward => view.room.last_seq,
         None => 0,
     };
-    let to = b.to.as_deref().map(history::parse_token).transpose()?;
+    let to = match &b.to {
+        Some(t) => Some(position(&state, &view, t).await?),
+        None => None,
+    };
     let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
     let filter = event_filter(&b.filter);
     let page =
