@@ -90,10 +90,22 @@ fn user_id_for(localpart: &str, server_name: &ServerName) -> Result<OwnedUserId>
         .map_err(|e| Error::InvalidUsername(format!("Invalid user id: {e}")))
 }
 
+/// At most this many password hashes at once. Each argon2id hash takes 19 MiB
+/// on a blocking thread; unbounded, a burst of registrations grows the blocking
+/// pool and the allocator keeps every thread's memory.
+fn hashing_slots() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        tokio::sync::Semaphore::new(cores)
+    })
+}
+
 /// Hashes a password with argon2id (on a blocking thread: it is slow on purpose).
 pub async fn hash_password(password: String) -> Result<String> {
     let mut salt = [0u8; 16];
     rand::rng().fill_bytes(&mut salt);
+    let _slot = hashing_slots().acquire().await.map_err(|e| Error::Internal(e.to_string()))?;
     tokio::task::spawn_blocking(move || {
         let salt = SaltString::encode_b64(&salt).map_err(|e| Error::Internal(e.to_string()))?;
         Argon2::default()
@@ -107,6 +119,7 @@ pub async fn hash_password(password: String) -> Result<String> {
 
 /// Checks a password against a stored hash.
 pub async fn verify_password(hash: String, password: String) -> Result<bool> {
+    let _slot = hashing_slots().acquire().await.map_err(|e| Error::Internal(e.to_string()))?;
     tokio::task::spawn_blocking(move || {
         let parsed = PasswordHash::new(&hash).map_err(|e| Error::Internal(format!("stored hash: {e}")))?;
         Ok(Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
