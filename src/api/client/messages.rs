@@ -23,7 +23,9 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     route_json(router, context)
 }
 
-fn event_filter(f: &RoomEventFilter) -> EventFilter {
+/// The parts of a client's RoomEventFilter that select events (shared by
+/// `/messages`, `/context` and `/sync`).
+pub(super) fn event_filter(f: &RoomEventFilter) -> EventFilter {
     EventFilter {
         types: f.types.clone(),
         not_types: f.not_types.clone(),

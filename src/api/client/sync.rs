@@ -23,18 +23,6 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     route(router, get)
 }
 
-fn to_event_filter(f: &ruma::api::client::filter::RoomEventFilter) -> EventFilter {
-    EventFilter {
-        types: f.types.clone(),
-        not_types: f.not_types.clone(),
-        senders: f.senders.as_ref().map(|s| s.iter().map(ToString::to_string).collect()),
-        not_senders: f.not_senders.iter().map(ToString::to_string).collect(),
-        contains_url: f
-            .url_filter
-            .as_ref()
-            .map(|u| matches!(u, ruma::api::client::filter::UrlFilter::EventsWithUrl)),
-    }
-}
 
 fn sync_filter(def: &FilterDefinition) -> SyncFilter {
     let room = &def.room;
@@ -50,13 +38,13 @@ fn sync_filter(def: &FilterDefinition) -> SyncFilter {
                 usize::try_from(u64::from(l)).unwrap_or(DEFAULT_TIMELINE_LIMIT)
             })
             .clamp(1, 500),
-        timeline: to_event_filter(&room.timeline),
+        timeline: super::messages::event_filter(&room.timeline),
         rooms: room.rooms.as_ref().map(|r| r.iter().map(ToString::to_string).collect()),
         not_rooms: room.not_rooms.iter().map(ToString::to_string).collect(),
         include_leave: room.include_leave,
         lazy_load_members: lazy.is_some(),
         include_redundant_members: lazy.unwrap_or(false),
-        state: to_event_filter(&room.state),
+        state: super::messages::event_filter(&room.state),
     }
 }
 
