@@ -9,7 +9,6 @@ use serde_json::Value;
 
 use crate::api::extract::{Ruma, route, route_json};
 use crate::error::{Error, Result};
-use crate::room::history::EventFilter;
 use crate::state::AppState;
 use crate::storage::account_data;
 use crate::sync::{self, DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncRequest, Token};
