@@ -4,6 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+/// mimalloc returns freed memory to the system; glibc's per-thread arenas kept
+/// hundreds of MiB after bursts of requests across tokio's threads.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use seqline::config::{self, Config, Settings};
 
 #[derive(Parser)]

@@ -271,11 +271,14 @@ pub async fn state_changes(
 
 /// The first seq of an event sent at or after `ts` (for retention).
 pub async fn first_seq_since(db: &Db, room_id: &str, ts: i64) -> Result<Option<i64>> {
-    Ok(sqlx::query_scalar("SELECT MIN(seq) FROM events WHERE room_id = $1 AND origin_server_ts >= $2")
-        .bind(room_id)
-        .bind(ts)
-        .fetch_one(&db.pool)
-        .await?)
+    // The earliest event at or after `ts` by the (room, ts) index: one seek.
+    Ok(sqlx::query_scalar(
+        "SELECT seq FROM events WHERE room_id = $1 AND origin_server_ts >= $2 ORDER BY origin_server_ts LIMIT 1",
+    )
+    .bind(room_id)
+    .bind(ts)
+    .fetch_optional(&db.pool)
+    .await?)
 }
 
 /// Events with seq in `lo..=hi`, highest first (`descending`) or lowest
@@ -405,11 +408,14 @@ pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<Stri
 /// The highest seq of a room whose stream position is at or below `stream`
 /// (within a room, seq and stream grow together).
 pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
-    let seq: Option<i64> =
-        sqlx::query_scalar("SELECT MAX(seq) FROM events WHERE room_id = $1 AND stream <= $2")
-            .bind(room_id)
-            .bind(stream)
-            .fetch_one(&db.pool)
-            .await?;
+    // One index seek: the newest row at or below the position (MAX(seq) would
+    // read every earlier row of the room).
+    let seq: Option<i64> = sqlx::query_scalar(
+        "SELECT seq FROM events WHERE room_id = $1 AND stream <= $2 ORDER BY stream DESC LIMIT 1",
+    )
+    .bind(room_id)
+    .bind(stream)
+    .fetch_optional(&db.pool)
+    .await?;
     Ok(seq.unwrap_or(0))
 }
