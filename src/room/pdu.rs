@@ -93,8 +93,12 @@ impl Pdu {
     /// Parses a PDU whose event id is known.
     pub fn from_canonical(event_id: OwnedEventId, json: CanonicalJsonObject) -> Result<Self> {
         let value = serde_json::to_string(&json).map_err(|e| Error::Internal(format!("pdu json: {e}")))?;
+        Self::from_parts(event_id, &value, json)
+    }
+
+    fn from_parts(event_id: OwnedEventId, text: &str, json: CanonicalJsonObject) -> Result<Self> {
         let fields: PduFields =
-            serde_json::from_str(&value).map_err(|e| Error::Internal(format!("pdu fields: {e}")))?;
+            serde_json::from_str(text).map_err(|e| Error::Internal(format!("pdu fields: {e}")))?;
         let redacts = match fields.redacts {
             Some(r) => Some(r),
             None if fields.kind == TimelineEventType::RoomRedaction => {
@@ -118,13 +122,14 @@ impl Pdu {
         })
     }
 
-    /// Parses a stored PDU (its JSON text as kept in the `events` table).
+    /// Parses a stored PDU (its JSON text as kept in the `events` table):
+    /// the text is read twice (fields, canonical object), never re-serialised.
     pub fn from_stored(event_id: &str, json: &str) -> Result<Self> {
         let event_id =
             EventId::parse(event_id).map_err(|e| Error::Internal(format!("stored event id: {e}")))?;
-        let json: CanonicalJsonObject =
+        let object: CanonicalJsonObject =
             serde_json::from_str(json).map_err(|e| Error::Internal(format!("stored pdu: {e}")))?;
-        Self::from_canonical(event_id, json)
+        Self::from_parts(event_id, json, object)
     }
 
     /// Content deserialised as `T`.
