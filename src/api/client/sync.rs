@@ -22,7 +22,6 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     route(router, get)
 }
 
-
 fn sync_filter(def: &FilterDefinition) -> SyncFilter {
     let room = &def.room;
     let lazy = match room.state.lazy_load_options {
