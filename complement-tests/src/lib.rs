@@ -1,1 +1,4 @@
+//! Black-box test support: the server harness and request helpers.
+
+pub mod api;
 pub mod harness;

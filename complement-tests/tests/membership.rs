@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use complement_tests::api::*;
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server, User};
 use serde_json::{Value, json};
@@ -45,40 +46,10 @@ backend_tests!(
     membership_through_state_refuses_what_invite_refuses,
 );
 
-const V3: &str = "/_matrix/client/v3";
 const SEQLINE: &str = "/_matrix/client/unstable/org.seqline";
 
 // ---------------------------------------------------------------------------
 // Helpers (the small ones copied from rooms.rs)
-
-/// Percent-encodes one path segment or query value.
-fn enc(segment: &str) -> String {
-    let mut out = String::new();
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
-/// `/_matrix/client/v3/rooms/{room_id}{rest}`.
-fn room_path(room_id: &str, rest: &str) -> String {
-    format!("{V3}/rooms/{}{rest}", enc(room_id))
-}
-
-/// Asserts an error response's status and errcode.
-#[track_caller]
-fn assert_error(response: &(u16, Value), status: u16, errcode: &str, what: &str) {
-    assert_eq!(
-        (response.0, response.1["errcode"].as_str()),
-        (status, Some(errcode)),
-        "{what}: {}",
-        response.1
-    );
-}
 
 #[track_caller]
 fn assert_ok(response: &(u16, Value), what: &str) {
@@ -106,16 +77,6 @@ async fn public_room(server: &Server, user: &User, visibility: &str) -> String {
         }),
     )
     .await
-}
-
-fn text(body: &str) -> Value {
-    json!({ "msgtype": "m.text", "body": body })
-}
-
-fn event_id_of(response: &Value) -> String {
-    let id = response["event_id"].as_str().unwrap_or_else(|| panic!("no event_id in {response}"));
-    assert!(id.starts_with('$'), "{id}");
-    id.to_owned()
 }
 
 async fn send(server: &Server, user: &User, room_id: &str, txn_id: &str, content: Value) -> (u16, Value) {

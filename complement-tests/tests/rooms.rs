@@ -2,10 +2,9 @@
 //! state, transaction idempotency, power-level refusals, redaction, reading
 //! state and membership, and the errors of each.
 
-use std::fmt::Write as _;
-
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use complement_tests::api::*;
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server, User};
 use serde_json::{Value, json};
@@ -41,37 +40,6 @@ backend_tests!(
     joined_rooms_lists_created_rooms_only_when_joined,
     joined_members_and_members_filters,
 );
-
-const V3: &str = "/_matrix/client/v3";
-
-/// Percent-encodes one path segment (room ids, event ids, state keys).
-fn enc(segment: &str) -> String {
-    let mut out = String::new();
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
-/// `/_matrix/client/v3/rooms/{room_id}{rest}`.
-fn room_path(room_id: &str, rest: &str) -> String {
-    format!("{V3}/rooms/{}{rest}", enc(room_id))
-}
-
-/// Asserts an error response's status and errcode.
-#[track_caller]
-fn assert_error(response: &(u16, Value), status: u16, errcode: &str, what: &str) {
-    assert_eq!(
-        (response.0, response.1["errcode"].as_str()),
-        (status, Some(errcode)),
-        "{what}: {}",
-        response.1
-    );
-}
 
 async fn create_room(server: &Server, user: &User, body: Value) -> String {
     let (status, response) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body.clone()).await;
@@ -126,16 +94,6 @@ async fn send_text(server: &Server, user: &User, room_id: &str, txn_id: &str, bo
     let response = send(server, user, room_id, "m.room.message", txn_id, text(body)).await;
     assert_eq!(response.0, 200, "send {body:?}: {}", response.1);
     event_id_of(&response.1)
-}
-
-fn text(body: &str) -> Value {
-    json!({ "msgtype": "m.text", "body": body })
-}
-
-fn event_id_of(response: &Value) -> String {
-    let id = response["event_id"].as_str().unwrap_or_else(|| panic!("no event_id in {response}"));
-    assert!(id.starts_with('$'), "{id}");
-    id.to_owned()
 }
 
 async fn get_event(server: &Server, user: &User, room_id: &str, event_id: &str) -> (u16, Value) {

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use complement_tests::api::*;
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server, User};
 use serde_json::{Value, json};
@@ -34,46 +35,15 @@ backend_tests!(
     concurrent_senders_reach_the_reader_once_each_in_order,
 );
 
-const V3: &str = "/_matrix/client/v3";
-
 /// A long-poll that some action must wake well before its end.
 const LONG_POLL_MS: u64 = 10_000;
 
 /// How long a woken long-poll may take to answer.
 const WAKE_WITHIN: Duration = Duration::from_secs(5);
 
-/// Percent-encodes a path segment or a query value.
-fn enc(segment: &str) -> String {
-    let mut out = String::new();
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
-/// `/_matrix/client/v3/rooms/{room_id}{rest}`.
-fn room_path(room_id: &str, rest: &str) -> String {
-    format!("{V3}/rooms/{}{rest}", enc(room_id))
-}
-
 /// `/_matrix/client/v3/user/{user_id}{rest}`.
 fn user_path(user: &User, rest: &str) -> String {
     format!("{V3}/user/{}{rest}", enc(&user.user_id))
-}
-
-/// Asserts an error response's status and errcode.
-#[track_caller]
-fn assert_error(response: &(u16, Value), status: u16, errcode: &str, what: &str) {
-    assert_eq!(
-        (response.0, response.1["errcode"].as_str()),
-        (status, Some(errcode)),
-        "{what}: {}",
-        response.1
-    );
 }
 
 async fn post_ok(server: &Server, user: &User, path: &str, body: Value) -> Value {
@@ -97,12 +67,6 @@ async fn get_ok(server: &Server, user: &User, path: &str) -> Value {
 async fn create_room(server: &Server, user: &User, body: Value) -> String {
     let response = post_ok(server, user, &format!("{V3}/createRoom"), body).await;
     response["room_id"].as_str().unwrap_or_else(|| panic!("no room_id in {response}")).to_owned()
-}
-
-fn event_id_of(response: &Value) -> String {
-    let id = response["event_id"].as_str().unwrap_or_else(|| panic!("no event_id in {response}"));
-    assert!(id.starts_with('$'), "{id}");
-    id.to_owned()
 }
 
 /// Sends an m.room.message; returns its event id.

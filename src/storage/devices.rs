@@ -147,12 +147,12 @@ pub async fn set_display_name(
 
 /// Deletes several devices of a user in one transaction; unknown ids are skipped.
 pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str]) -> Result<()> {
-    let mut tx = db.pool.begin().await?;
+    let mut tx = db.begin_write().await?;
     for device_id in device_ids {
         sqlx::query("DELETE FROM devices WHERE user_id = $1 AND device_id = $2")
             .bind(user_id)
             .bind(*device_id)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
     }
     tx.commit().await?;

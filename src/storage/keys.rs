@@ -67,7 +67,9 @@ pub async fn claim_one_time_key(
     device: &str,
     algorithm: &str,
 ) -> Result<Option<(String, String)>> {
-    let mut tx = db.pool.begin().await?;
+    // A read then a write: it holds the write lock from the start (on SQLite a
+    // deferred transaction cannot upgrade while another writer commits).
+    let mut tx = db.begin_write().await?;
     let row: Option<(String, String)> = sqlx::query_as(
         "SELECT key_id, key FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3 \
          ORDER BY key_id LIMIT 1",
@@ -75,14 +77,14 @@ pub async fn claim_one_time_key(
     .bind(user)
     .bind(device)
     .bind(algorithm)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(tx.conn())
     .await?;
     if let Some((key_id, _)) = &row {
         sqlx::query("DELETE FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND key_id = $3")
             .bind(user)
             .bind(device)
             .bind(key_id)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
     }
     tx.commit().await?;

@@ -178,6 +178,13 @@ impl Db {
         }
     }
 
+    /// A write transaction not tied to a room (several statements that must
+    /// commit together): the SQLite writer slot with BEGIN IMMEDIATE, or a
+    /// plain PostgreSQL transaction.
+    pub async fn begin_write(&self) -> Result<RoomTx> {
+        self.begin_room_write(None).await
+    }
+
     /// Closes every connection; SQLite checkpoints its WAL on the last close.
     pub async fn close(&self) {
         self.pool.close().await;

@@ -288,7 +288,13 @@ async fn redact(state: AppState, req: Ruma<redact_event::v3::Request>) -> Result
     let body = &req.body;
     let view = read::open(&state, &body.room_id).await?;
     let target = read::load_by_id(&state, body.event_id.as_str()).await?;
-    if target.stored.room_id != body.room_id.as_str() {
+    // Only what the redactor may read: an event outside their ranges is the
+    // same 404 as an unknown one.
+    let access = read::access(&state, &view, &me.user_id).await?;
+    if !access.joined() {
+        return Err(Error::Forbidden("You are not joined to this room".into()));
+    }
+    if target.stored.room_id != body.room_id.as_str() || !access.ranges.contains(target.stored.seq) {
         return Err(Error::NotFound("Event not found".into()));
     }
     // The auth rules allow a redaction from anyone at the redact level; the
