@@ -313,7 +313,15 @@ impl RoomWriter {
         tx.commit().await?;
         drop(reservations);
         if let Some((lo, hi)) = appended {
-            let users = memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await?;
+            // The events are committed: what follows must not turn the answer
+            // into an error (the client would retry a send that succeeded).
+            let users = match memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await {
+                Ok(users) => users,
+                Err(e) => {
+                    tracing::error!(%room_id, "cannot find whom to wake after a commit: {e}");
+                    Vec::new()
+                }
+            };
             state.notifier.wake(users.iter().map(String::as_str));
             let anyone_pushes = !state.pusher_users.read().unwrap_or_else(|e| e.into_inner()).is_empty();
             if anyone_pushes {
