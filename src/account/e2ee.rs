@@ -4,9 +4,9 @@
 use ruma::UserId;
 use serde_json::{Map, Value, json};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::state::AppState;
-use crate::storage::{devices, events, keys, memberships};
+use crate::storage::{devices, events, keys};
 
 /// Records a device-list change of `user` and wakes everyone who shares a room
 /// with them (and the user's own other devices).
@@ -14,17 +14,7 @@ pub async fn device_list_changed(state: &AppState, user: &UserId) -> Result<()> 
     let reservation = state.streams.reserve();
     keys::device_list_changed(&state.db, user.as_str(), reservation.pos).await?;
     drop(reservation);
-    let mut wake = vec![user.to_string()];
-    for room in events::rooms_with_membership(&state.db, user.as_str(), "join").await? {
-        let view = crate::room::read::open(
-            state,
-            &ruma::RoomId::parse(&room).map_err(|e| Error::Internal(e.to_string()))?,
-        )
-        .await?;
-        wake.extend(
-            memberships::holders_between(&state.db, &room, view.room.last_seq, view.room.last_seq).await?,
-        );
-    }
+    let wake = events::room_peers(&state.db, user.as_str()).await?;
     state.notifier.wake(wake.iter().map(String::as_str));
     Ok(())
 }

@@ -419,3 +419,30 @@ pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
     .await?;
     Ok(seq.unwrap_or(0))
 }
+
+/// The users joined to the room now.
+pub async fn joined_members(db: &Db, room_id: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' AND membership = 'join'",
+    )
+    .bind(room_id)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// `user` and everyone joined to a room with them now, in one query.
+pub async fn room_peers(db: &Db, user: &str) -> Result<Vec<String>> {
+    let mut peers: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT b.state_key FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
+         WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
+           AND b.event_type = 'm.room.member' AND b.membership = 'join'",
+    )
+    .bind(user)
+    .fetch_all(&db.pool)
+    .await?;
+    if !peers.iter().any(|p| p == user) {
+        peers.push(user.to_owned());
+    }
+    peers.sort();
+    Ok(peers)
+}

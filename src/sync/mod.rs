@@ -118,19 +118,7 @@ fn member_key(stored: &events::StoredEvent) -> Option<String> {
 
 /// The user and everyone joined to a room with them now.
 pub async fn room_peers(state: &AppState, me: &UserId) -> Result<Vec<String>> {
-    let mut peers = vec![me.to_string()];
-    for room in events::rooms_with_membership(&state.db, me.as_str(), "join").await? {
-        let members: Vec<String> = sqlx::query_scalar(
-            "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' AND membership = 'join'",
-        )
-        .bind(&room)
-        .fetch_all(&state.db.pool)
-        .await?;
-        peers.extend(members);
-    }
-    peers.sort();
-    peers.dedup();
-    Ok(peers)
+    events::room_peers(&state.db, me.as_str()).await
 }
 
 /// Users whose devices or keys changed in `(after, upto]` and who share a room
@@ -265,9 +253,13 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
     let fallback =
         keys::unused_fallback_algorithms(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
 
-    let peers = room_peers(state, &me.user_id).await?;
-    let presence =
-        state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, crate::storage::now_ms());
+    // Nobody has set a presence: no need to look up who shares a room.
+    let presence = if state.presence.is_empty() {
+        Vec::new()
+    } else {
+        let peers = room_peers(state, &me.user_id).await?;
+        state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, crate::storage::now_ms())
+    };
     has_news |= !presence.is_empty();
 
     let body = json!({

@@ -36,6 +36,11 @@ impl PresenceMap {
         );
     }
 
+    /// Whether nobody has set a presence yet.
+    pub fn is_empty(&self) -> bool {
+        self.users.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
     /// A user's presence.
     pub fn get(&self, user: &str) -> Option<Presence> {
         self.users.lock().unwrap_or_else(|e| e.into_inner()).get(user).cloned()

@@ -8,13 +8,11 @@ use ruma::{RoomId, UserId};
 use crate::error::{Error, Result};
 use crate::room::read;
 use crate::state::AppState;
-use crate::storage::{self, account_data, memberships, receipts};
+use crate::storage::{self, account_data, receipts};
 
 /// Users joined to the room now: whom its ephemeral events concern.
 async fn room_members(state: &AppState, room_id: &str) -> Result<Vec<String>> {
-    let view =
-        read::open(state, &RoomId::parse(room_id).map_err(|e| Error::Internal(e.to_string()))?).await?;
-    memberships::holders_between(&state.db, room_id, view.room.last_seq, view.room.last_seq).await
+    crate::storage::events::joined_members(&state.db, room_id).await
 }
 
 /// Sets account data (`room_id` `None` for global) and wakes the user.
@@ -89,14 +87,12 @@ pub async fn set_typing(
     room_id: &RoomId,
     timeout: Option<Duration>,
 ) -> Result<()> {
-    let view = read::open(state, room_id).await?;
+    read::open(state, room_id).await?;
     if read::MembershipHistory::load(state, room_id, user).await?.current() != "join" {
         return Err(Error::Forbidden("You are not joined to this room".into()));
     }
     if state.typing.set(room_id.as_str(), user.as_str(), timeout) {
-        let members =
-            memberships::holders_between(&state.db, room_id.as_str(), view.room.last_seq, view.room.last_seq)
-                .await?;
+        let members = room_members(state, room_id.as_str()).await?;
         state.notifier.wake(members.iter().map(String::as_str));
     }
     Ok(())
