@@ -68,6 +68,53 @@ pub struct Config {
     pub rate_limits: RateLimits,
     /// History settings.
     pub history: History,
+    /// Presence.
+    pub presence: PresenceConfig,
+    /// VoIP (TURN servers for calls).
+    pub voip: Voip,
+}
+
+/// Presence settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PresenceConfig {
+    /// Whether presence is kept and sent at all.
+    pub enabled: bool,
+}
+
+impl Default for PresenceConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// TURN settings handed to clients by `GET /voip/turnServer`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Voip {
+    /// TURN server URIs (`turn:host:port?transport=udp`, ...); none = no TURN.
+    pub turn_uris: Vec<String>,
+    /// Shared secret for time-limited credentials (the TURN REST API scheme
+    /// that coturn's `use-auth-secret` implements).
+    pub turn_shared_secret: String,
+    /// Fixed credentials, used when there is no shared secret.
+    pub turn_username: String,
+    /// Fixed credentials, used when there is no shared secret.
+    pub turn_password: String,
+    /// How long handed-out credentials stay valid, in seconds.
+    pub turn_user_lifetime_secs: u64,
+}
+
+impl Default for Voip {
+    fn default() -> Self {
+        Self {
+            turn_uris: Vec::new(),
+            turn_shared_secret: String::new(),
+            turn_username: String::new(),
+            turn_password: String::new(),
+            turn_user_lifetime_secs: 86_400,
+        }
+    }
 }
 
 /// History settings.
@@ -142,6 +189,8 @@ impl Default for Config {
             limits: Limits::default(),
             rate_limits: RateLimits::default(),
             history: History::default(),
+            presence: PresenceConfig::default(),
+            voip: Voip::default(),
         }
     }
 }
@@ -206,6 +255,10 @@ pub struct Settings {
     pub rate_limits: RateLimits,
     /// Power level needed to purge a room's history.
     pub purge_power_level: i64,
+    /// Whether presence is kept and sent.
+    pub presence_enabled: bool,
+    /// TURN settings.
+    pub voip: Voip,
 }
 
 impl Config {
@@ -280,6 +333,20 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = env("SEQLINE_PRESENCE") {
+            self.presence.enabled = match v.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => return Err(ConfigError(format!("SEQLINE_PRESENCE: {v:?} is not \"on\" or \"off\""))),
+            };
+        }
+        if let Some(v) = env("SEQLINE_TURN_URIS") {
+            self.voip.turn_uris =
+                v.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+        }
+        if let Some(v) = env("SEQLINE_TURN_SHARED_SECRET") {
+            self.voip.turn_shared_secret = v;
+        }
         if let Some(v) = env("SEQLINE_MAX_UPLOAD_BYTES") {
             self.limits.max_upload_bytes = v
                 .parse()
@@ -344,6 +411,23 @@ impl Config {
                 return Err(ConfigError(format!("rate_limits.{name}: must be at least 1")));
             }
         }
+        let voip = &self.voip;
+        for uri in &voip.turn_uris {
+            if !(uri.starts_with("turn:") || uri.starts_with("turns:") || uri.starts_with("stun:")) {
+                return Err(ConfigError(format!(
+                    "voip.turn_uris: {uri:?} must start with turn:, turns: or stun:"
+                )));
+            }
+        }
+        let fixed = !voip.turn_username.is_empty() && !voip.turn_password.is_empty();
+        if !voip.turn_uris.is_empty() && voip.turn_shared_secret.is_empty() && !fixed {
+            return Err(ConfigError(
+                "voip.turn_uris: needs turn_shared_secret, or turn_username and turn_password".into(),
+            ));
+        }
+        if voip.turn_user_lifetime_secs == 0 {
+            return Err(ConfigError("voip.turn_user_lifetime_secs: must be at least 1".into()));
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
         }
@@ -375,6 +459,8 @@ impl Config {
             max_upload_bytes: self.limits.max_upload_bytes,
             rate_limits: self.rate_limits,
             purge_power_level: self.history.purge_power_level,
+            presence_enabled: self.presence.enabled,
+            voip: self.voip,
         })
     }
 }

@@ -94,6 +94,12 @@ pub enum Error {
     /// Media created with /create is not uploaded yet: 504 M_NOT_YET_UPLOADED.
     #[error("The media has not been uploaded yet")]
     NotYetUploaded,
+    /// A room-key backup write names a version that is not the current one.
+    #[error("Wrong backup version")]
+    WrongRoomKeysVersion {
+        /// The user's current backup version.
+        current_version: String,
+    },
     /// A database failure: logged, reported as M_UNKNOWN.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

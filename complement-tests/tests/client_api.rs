@@ -2,7 +2,7 @@
 //! to-device messages, and the start-up probes they read as "none yet".
 
 use complement_tests::backend_tests;
-use complement_tests::harness::{Backend, Server};
+use complement_tests::harness::{Backend, Options, Server};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -14,7 +14,72 @@ backend_tests!(
     unread_counts_follow_push_rules_and_drop_on_receipt,
     pushes_reach_the_gateway_only_for_holders,
     presence_and_user_directory,
+    presence_can_be_switched_off,
+    turn_credentials_are_time_limited,
 );
+
+async fn presence_can_be_switched_off(backend: Backend) {
+    let server = Server::start_with(&backend, Options::default().env("SEQLINE_PRESENCE", "off")).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let (_, created) = server.post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({})).await;
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    server
+        .post(
+            &format!("/_matrix/client/v3/rooms/{room}/invite"),
+            Some(&alice.token),
+            json!({ "user_id": bob.user_id }),
+        )
+        .await;
+    server.post(&format!("/_matrix/client/v3/join/{room}"), Some(&bob.token), json!({})).await;
+    let (_, first) = server.get("/_matrix/client/v3/sync", Some(&alice.token)).await;
+    assert_eq!(first["presence"]["events"], json!([]), "{first}");
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+    let (status, _) = server
+        .put(
+            &format!("/_matrix/client/v3/presence/{}/status", bob.user_id),
+            Some(&bob.token),
+            json!({ "presence": "online", "status_msg": "hiking" }),
+        )
+        .await;
+    assert_eq!(status, 200, "setting presence is accepted and ignored");
+    let (_, got) =
+        server.get(&format!("/_matrix/client/v3/presence/{}/status", bob.user_id), Some(&alice.token)).await;
+    assert_eq!(got, json!({ "presence": "offline" }));
+    // Nothing wakes alice: her long-poll runs to its timeout, with no presence.
+    let (_, sync) =
+        server.get(&format!("/_matrix/client/v3/sync?since={since}&timeout=300"), Some(&alice.token)).await;
+    assert_eq!(sync["presence"]["events"], json!([]), "{sync}");
+    assert_eq!(sync["rooms"]["join"], json!({}), "{sync}");
+}
+
+async fn turn_credentials_are_time_limited(backend: Backend) {
+    let config = r#"
+[voip]
+turn_uris = ["turn:turn.test.local:3478?transport=udp", "turns:turn.test.local:5349"]
+turn_shared_secret = "north-wind"
+turn_user_lifetime_secs = 600
+"#;
+    let server = Server::start_with(&backend, Options::default().config(config)).await;
+    let alice = server.register("alice", "pw").await;
+    let (status, body) = server.get("/_matrix/client/v3/voip/turnServer", Some(&alice.token)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["uris"],
+        json!(["turn:turn.test.local:3478?transport=udp", "turns:turn.test.local:5349"])
+    );
+    assert_eq!(body["ttl"], 600);
+    let username = body["username"].as_str().unwrap();
+    let (expiry, user) = username.split_once(':').unwrap();
+    assert_eq!(user, alice.user_id);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let expiry: u64 = expiry.parse().unwrap();
+    assert!((now + 590..=now + 610).contains(&expiry), "expiry {expiry}, now {now}");
+    // base64 of a 20-byte HMAC-SHA1.
+    assert_eq!(body["password"].as_str().unwrap().len(), 28, "{body}");
+    let (status, _) = server.get("/_matrix/client/v3/voip/turnServer", None).await;
+    assert_eq!(status, 401);
+}
 
 async fn profile_changes_reach_member_events(backend: Backend) {
     let server = Server::start(&backend).await;
@@ -424,9 +489,26 @@ async fn presence_and_user_directory(backend: Backend) {
         (events[0]["sender"].as_str(), events[0]["content"]["presence"].as_str()),
         (Some(bob.user_id.as_str()), Some("online"))
     );
-    // Carol shares no room with bob: his presence is not hers to see in sync.
+    // Carol shares no room with bob: his presence is not hers to see in sync;
+    // her own (online from syncing) is.
     let (_, carol_sync) = server.get("/_matrix/client/v3/sync", Some(&carol.token)).await;
-    assert_eq!(carol_sync["presence"]["events"], json!([]));
+    let senders: Vec<&str> = carol_sync["presence"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["sender"].as_str())
+        .collect();
+    assert_eq!(senders, vec![carol.user_id.as_str()], "{carol_sync}");
+    // Syncing with set_presence=offline leaves an unknown user offline.
+    let dave = server.register("dave", "pw").await;
+    server.get("/_matrix/client/v3/sync?set_presence=offline", Some(&dave.token)).await;
+    let (_, got) =
+        server.get(&format!("/_matrix/client/v3/presence/{}/status", dave.user_id), Some(&alice.token)).await;
+    assert_eq!(got["presence"], "offline", "{got}");
+    server.get("/_matrix/client/v3/sync", Some(&dave.token)).await;
+    let (_, got) =
+        server.get(&format!("/_matrix/client/v3/presence/{}/status", dave.user_id), Some(&alice.token)).await;
+    assert_eq!(got["presence"], "online", "a plain sync brings a user online: {got}");
     let (status, _) = server
         .put(
             &format!("/_matrix/client/v3/presence/{}/status", bob.user_id),

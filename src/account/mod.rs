@@ -5,6 +5,7 @@
 pub mod e2ee;
 pub mod profile;
 pub mod uia;
+pub mod voip;
 
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};

@@ -36,6 +36,7 @@ impl Error {
             Self::CannotOverwriteMedia => (StatusCode::CONFLICT, "M_CANNOT_OVERWRITE_MEDIA"),
             Self::NotYetUploaded => (StatusCode::GATEWAY_TIMEOUT, "M_NOT_YET_UPLOADED"),
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
+            Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
             Self::Database(_) | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "M_UNKNOWN"),
         }
     }
@@ -52,6 +53,11 @@ impl IntoResponse for Error {
             Self::LimitExceeded { retry_after_ms } => {
                 json!({ "errcode": errcode, "error": self.to_string(), "retry_after_ms": retry_after_ms })
             }
+            Self::WrongRoomKeysVersion { current_version } => json!({
+                "errcode": errcode,
+                "error": self.to_string(),
+                "current_version": current_version,
+            }),
             Self::Database(_) | Self::Internal(_) => {
                 tracing::error!(error = %self, "request failed");
                 json!({ "errcode": errcode, "error": "Internal server error" })

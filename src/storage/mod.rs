@@ -8,6 +8,7 @@
 
 pub mod account_data;
 pub mod aliases;
+pub mod backup;
 pub mod devices;
 pub mod events;
 pub mod keys;
@@ -83,6 +84,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (6, "pushers", include_str!("../../migrations/sqlite/0006_pushers.sql")),
     (7, "e2ee", include_str!("../../migrations/sqlite/0007_e2ee.sql")),
     (8, "media", include_str!("../../migrations/sqlite/0008_media.sql")),
+    (9, "key_backup", include_str!("../../migrations/sqlite/0009_key_backup.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -94,6 +96,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (6, "pushers", include_str!("../../migrations/postgres/0006_pushers.sql")),
     (7, "e2ee", include_str!("../../migrations/postgres/0007_e2ee.sql")),
     (8, "media", include_str!("../../migrations/postgres/0008_media.sql")),
+    (9, "key_backup", include_str!("../../migrations/postgres/0009_key_backup.sql")),
 ];
 
 impl Db {

@@ -5,7 +5,44 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use ruma::UserId;
 use serde_json::{Value, json};
+
+use crate::error::Result;
+use crate::state::AppState;
+
+/// Sets `user`'s presence (unless presence is switched off) at a new stream
+/// position and wakes the syncs of those who share a room with them.
+pub async fn update(
+    state: &AppState,
+    user: &UserId,
+    presence: &str,
+    status_msg: Option<String>,
+) -> Result<()> {
+    if !state.settings.presence_enabled {
+        return Ok(());
+    }
+    let reservation = state.streams.reserve();
+    state.presence.set(user.as_str(), presence, status_msg, crate::storage::now_ms(), reservation.pos);
+    drop(reservation);
+    let peers = super::room_peers(state, user).await?;
+    state.notifier.wake(peers.iter().map(String::as_str));
+    Ok(())
+}
+
+/// A /sync with `set_presence` (default `online`): a user with no presence
+/// or offline comes online (or unavailable); a presence they set themselves
+/// is kept, and only its last-active time moves.
+pub async fn touch_from_sync(state: &AppState, user: &UserId, set_presence: &str) -> Result<()> {
+    if !state.settings.presence_enabled || set_presence == "offline" {
+        return Ok(());
+    }
+    let changes = state.presence.touch(user.as_str(), crate::storage::now_ms());
+    if changes {
+        update(state, user, set_presence, None).await?;
+    }
+    Ok(())
+}
 
 /// One user's presence.
 #[derive(Debug, Clone)]
@@ -34,6 +71,19 @@ impl PresenceMap {
             user.to_owned(),
             Presence { state: state.to_owned(), status_msg, last_active_ts: now, stream },
         );
+    }
+
+    /// Marks `user` active now; true when they have no presence or are
+    /// offline (the caller then sets one, at a new stream position).
+    pub fn touch(&self, user: &str, now: i64) -> bool {
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        match users.get_mut(user) {
+            Some(p) if p.state != "offline" => {
+                p.last_active_ts = now;
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Whether nobody has set a presence yet.

@@ -1,6 +1,7 @@
 //! Client-server API endpoints, one file per area of the spec.
 
 mod account;
+mod backup;
 mod devices;
 mod directory;
 mod discovery;
@@ -35,6 +36,7 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = profile::routes(router);
     let router = push::routes(router);
     let router = keys::routes(router);
+    let router = backup::routes(router);
     let router = presence::routes(router);
     rooms::routes(router)
 }

@@ -25,17 +25,7 @@ async fn set(state: AppState, req: Ruma<set_presence::v3::Request>) -> Result<se
     if !matches!(value.as_str(), "online" | "offline" | "unavailable") {
         return Err(Error::InvalidParam("presence must be online, offline or unavailable".into()));
     }
-    let reservation = state.streams.reserve();
-    state.presence.set(
-        me.user_id.as_str(),
-        &value,
-        req.body.status_msg.clone(),
-        storage::now_ms(),
-        reservation.pos,
-    );
-    drop(reservation);
-    let peers = crate::sync::room_peers(&state, &me.user_id).await?;
-    state.notifier.wake(peers.iter().map(String::as_str));
+    crate::sync::presence::update(&state, &me.user_id, &value, req.body.status_msg.clone()).await?;
     Ok(set_presence::v3::Response::new())
 }
 
@@ -47,7 +37,8 @@ async fn get(state: AppState, req: Ruma<get_presence::v3::Request>) -> Result<Va
     {
         return Err(Error::NotFound("Unknown user".into()));
     }
-    Ok(match state.presence.get(user.as_str()) {
+    let known = if state.settings.presence_enabled { state.presence.get(user.as_str()) } else { None };
+    Ok(match known {
         Some(p) => {
             let mut body = json!({
                 "presence": p.state,

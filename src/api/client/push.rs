@@ -7,7 +7,6 @@
 
 use axum::Router;
 use ruma::UserId;
-use ruma::api::client::backup::get_latest_backup_info;
 use ruma::api::client::push::set_pusher::v3::PusherAction;
 use ruma::api::client::push::{
     delete_pushrule, get_notifications, get_pushers, get_pushrule, get_pushrule_actions,
@@ -38,7 +37,6 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route_json(router, notifications);
     let router = route_json(router, pushers);
     let router = route(router, set_pushers);
-    let router = route_json(router, key_backup);
     let router = route_json(router, turn_server);
     route_json(router, protocols)
         // Clients also ask without the trailing slash.
@@ -253,15 +251,30 @@ async fn set_pushers(
     Ok(set_pusher::v3::Response::new())
 }
 
-/// No server-side key backup yet: exactly the 404 M_NOT_FOUND clients read as
-/// "no backup exists".
-async fn key_backup(_state: AppState, _req: Ruma<get_latest_backup_info::v3::Request>) -> Result<Value> {
-    Err(Error::NotFound("No current backup version".into()))
-}
-
-/// No TURN server configured: an empty object.
-async fn turn_server(_state: AppState, _req: Ruma<get_turn_server_info::v3::Request>) -> Result<Value> {
-    Ok(json!({}))
+/// The configured TURN servers with credentials for this user: time-limited
+/// ones from the shared secret, else the fixed ones; `{}` when none are set.
+async fn turn_server(state: AppState, req: Ruma<get_turn_server_info::v3::Request>) -> Result<Value> {
+    let me = req.requester()?;
+    let voip = &state.settings.voip;
+    if voip.turn_uris.is_empty() {
+        return Ok(json!({}));
+    }
+    let now_secs = u64::try_from(crate::storage::now_ms() / 1000).unwrap_or(0);
+    let (username, password) = if voip.turn_shared_secret.is_empty() {
+        (voip.turn_username.clone(), voip.turn_password.clone())
+    } else {
+        crate::account::voip::turn_credentials(
+            &voip.turn_shared_secret,
+            &me.user_id,
+            now_secs + voip.turn_user_lifetime_secs,
+        )
+    };
+    Ok(json!({
+        "username": username,
+        "password": password,
+        "uris": voip.turn_uris,
+        "ttl": voip.turn_user_lifetime_secs,
+    }))
 }
 
 /// No third-party protocols (bridges).

@@ -80,6 +80,7 @@ async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Resul
         use_state_after: b.use_state_after
             || req.query_param("org.matrix.msc4222.use_state_after").is_some_and(|v| v == "true"),
     };
+    sync::presence::touch_from_sync(&state, &me.user_id, b.set_presence.as_str()).await?;
     sync::sync(&state, me, &request).await
 }
 
