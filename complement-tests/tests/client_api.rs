@@ -150,7 +150,19 @@ async fn push_rules_start_from_the_defaults_and_can_be_edited(backend: Backend) 
         }
         let ids: Vec<&str> =
             global["override"].as_array().unwrap().iter().map(|r| r["rule_id"].as_str().unwrap()).collect();
-        assert!(ids.contains(&".m.rule.master") && ids.contains(&".m.rule.is_user_mention"), "{ids:?}");
+        let at =
+            |id: &str| ids.iter().position(|i| *i == id).unwrap_or_else(|| panic!("{id} missing: {ids:?}"));
+        assert_eq!(at(".m.rule.master"), 0);
+        assert_eq!(at(".m.rule.contains_display_name"), at(".m.rule.is_user_mention") + 1, "{ids:?}");
+        assert_eq!(at(".m.rule.roomnotif"), at(".m.rule.is_room_mention") + 1, "{ids:?}");
+        assert_eq!(
+            global["content"],
+            json!([{
+                "rule_id": ".m.rule.contains_user_name", "default": true, "enabled": true, "pattern": "alice",
+                "actions": ["notify", { "set_tweak": "sound", "value": "default" }, { "set_tweak": "highlight" }],
+            }]),
+            "{path}"
+        );
         let under: Vec<&str> =
             global["underride"].as_array().unwrap().iter().map(|r| r["rule_id"].as_str().unwrap()).collect();
         assert!(
@@ -307,6 +319,12 @@ async fn unread_counts_follow_push_rules_and_drop_on_receipt(backend: Backend) {
     send("1", json!({ "msgtype": "m.text", "body": "one" })).await;
     send("2", json!({ "msgtype": "m.text", "body": "hey bob", "m.mentions": { "user_ids": [bob.user_id] } }))
         .await;
+    // The legacy rules (deprecated in v1.7, still in the defaults) match only
+    // events without m.mentions: bob's display name, and @room from a sender
+    // whose power level allows it.
+    send("4", json!({ "msgtype": "m.text", "body": "lunch, Bob?" })).await;
+    send("5", json!({ "msgtype": "m.text", "body": "@room meeting" })).await;
+    send("6", json!({ "msgtype": "m.text", "body": "bob again", "m.mentions": {} })).await;
     let last = send("3", json!({ "msgtype": "m.text", "body": "three" })).await;
     // Bob's own message does not count for him.
     let (status, _) = server
@@ -320,7 +338,7 @@ async fn unread_counts_follow_push_rules_and_drop_on_receipt(backend: Backend) {
 
     let (_, sync) = server.get("/_matrix/client/v3/sync", Some(&bob.token)).await;
     let counts = &sync["rooms"]["join"][&room]["unread_notifications"];
-    assert_eq!(counts, &json!({ "notification_count": 3, "highlight_count": 1 }), "{sync}");
+    assert_eq!(counts, &json!({ "notification_count": 6, "highlight_count": 3 }), "{sync}");
 
     let (_, list) = server.get("/_matrix/client/v3/notifications", Some(&bob.token)).await;
     let bodies: Vec<&str> = list["notifications"]
@@ -329,9 +347,19 @@ async fn unread_counts_follow_push_rules_and_drop_on_receipt(backend: Backend) {
         .iter()
         .map(|n| n["event"]["content"]["body"].as_str().unwrap())
         .collect();
-    assert_eq!(bodies, vec!["three", "hey bob", "one"], "{list}");
+    assert_eq!(
+        bodies,
+        vec!["three", "bob again", "@room meeting", "lunch, Bob?", "hey bob", "one"],
+        "{list}"
+    );
     let (_, only) = server.get("/_matrix/client/v3/notifications?only=highlight", Some(&bob.token)).await;
-    assert_eq!(only["notifications"].as_array().unwrap().len(), 1);
+    let highlighted: Vec<&str> = only["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["event"]["content"]["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(highlighted, vec!["@room meeting", "lunch, Bob?", "hey bob"], "{only}");
 
     let since = sync["next_batch"].as_str().unwrap().to_owned();
     let (status, _) = server
