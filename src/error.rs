@@ -135,6 +135,28 @@ pub struct UiaFlow {
     pub stages: Vec<String>,
 }
 
+impl Error {
+    /// The same failure for another request that waited on the same write
+    /// (the variants a room write can end in; the rest as internal errors).
+    pub fn replicate(&self) -> Error {
+        match self {
+            Self::NotFound(m) => Self::NotFound(m.clone()),
+            Self::Forbidden(m) => Self::Forbidden(m.clone()),
+            Self::BadJson(m) => Self::BadJson(m.clone()),
+            Self::InvalidParam(m) => Self::InvalidParam(m.clone()),
+            Self::TooLarge(m) => Self::TooLarge(m.clone()),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+
+    /// Whether a write that failed with this error may have left part of
+    /// itself in its transaction (a storage or internal failure), so the
+    /// transaction must not commit.
+    pub fn taints_transaction(&self) -> bool {
+        matches!(self, Self::Database(_) | Self::Internal(_))
+    }
+}
+
 impl From<sqlx::migrate::MigrateError> for Error {
     fn from(e: sqlx::migrate::MigrateError) -> Self {
         Self::Internal(format!("migration failed: {e}"))

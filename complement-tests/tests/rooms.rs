@@ -39,7 +39,83 @@ backend_tests!(
     oversized_content_is_too_large_and_not_stored,
     joined_rooms_lists_created_rooms_only_when_joined,
     joined_members_and_members_filters,
+    concurrent_sends_are_each_answered_for_themselves,
 );
+
+/// Many sends at once into one room (the server writes them in shared
+/// transactions): each member's send is stored once, at its own seq; a
+/// non-member's sends among them are refused without harming the others; a
+/// transaction id sent twice at once names one event.
+async fn concurrent_sends_are_each_answered_for_themselves(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let eve = server.register("eve", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    let (status, _) = server.post(&room_path(&room, "/join"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let (who, token) = match i % 3 {
+            0 => ("alice", alice.token.clone()),
+            1 => ("bob", bob.token.clone()),
+            _ => ("eve", eve.token.clone()),
+        };
+        // bob's txn "b-dup" goes out twice at once.
+        let txn = if i == 1 || i == 4 { "b-dup".to_owned() } else { format!("t{i}") };
+        let url = server.url(&room_path(&room, &format!("/send/m.room.message/{txn}")));
+        let http = server.http().clone();
+        tasks.spawn(async move {
+            let response = http
+                .put(url)
+                .bearer_auth(token)
+                .json(&json!({ "msgtype": "m.text", "body": format!("{who} {txn}") }))
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            (who, txn, status, body)
+        });
+    }
+    let mut sent = std::collections::BTreeMap::new();
+    let mut dup_ids = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        let (who, txn, status, body) = done.expect("task");
+        if who == "eve" {
+            assert_error(&(status, body), 403, "M_FORBIDDEN", "a non-member's send in the crowd");
+            continue;
+        }
+        assert_eq!(status, 200, "{who} {txn}: {body}");
+        let id = event_id_of(&body);
+        if txn == "b-dup" {
+            dup_ids.push(id);
+        } else {
+            assert!(sent.insert(id, format!("{who} {txn}")).is_none(), "an event id answered twice");
+        }
+    }
+    assert_eq!(dup_ids.len(), 2);
+    assert_eq!(dup_ids[0], dup_ids[1], "one transaction id, one event");
+    sent.insert(dup_ids[0].clone(), "bob b-dup".to_owned());
+    assert_eq!(sent.len(), 19, "10 from alice, 9 distinct from bob");
+
+    // The timeline holds exactly those, each once, and nothing from eve.
+    let (status, page) = server.get(&room_path(&room, "/messages?dir=b&limit=100"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{page}");
+    let messages: Vec<(String, String)> = page["chunk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "m.room.message")
+        .map(|e| {
+            (e["event_id"].as_str().unwrap().to_owned(), e["content"]["body"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    let stored: std::collections::BTreeMap<String, String> = messages.iter().cloned().collect();
+    assert_eq!(messages.len(), stored.len(), "no event twice: {messages:?}");
+    assert_eq!(stored, sent);
+}
 
 async fn create_room(server: &Server, user: &User, body: Value) -> String {
     let (status, response) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body.clone()).await;

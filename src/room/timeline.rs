@@ -5,6 +5,7 @@
 //! each authorised against the state the previous ones left.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ruma::events::{StateEventType, TimelineEventType};
 use ruma::room_version_rules::RoomVersionRules;
@@ -16,6 +17,9 @@ use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
 use crate::storage::{self, RoomTx, memberships, rooms};
 use crate::streams::Reservation;
+
+/// The most queued appends one transaction takes.
+const MAX_BATCH: usize = 64;
 
 /// The state event type of the pre-join window: content `{"events": N}` lets
 /// each later join also read the N events before it (never below a floor).
@@ -306,35 +310,162 @@ impl RoomWriter {
     /// then (the stream position having moved past it) wakes the syncs of
     /// every user whose ranges hold one of the new events.
     pub async fn commit(self, state: &AppState) -> Result<()> {
+        self.commit_only().await?.announce(state).await;
+        Ok(())
+    }
+
+    /// Saves the head and commits; what was appended is announced by
+    /// [`Committed::announce`].
+    async fn commit_only(self) -> Result<Committed> {
         let RoomWriter { room_id, last_seq, extremities, max_depth, reservations, appended, mut tx, .. } =
             self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
         rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth).await?;
         tx.commit().await?;
         drop(reservations);
-        if let Some((lo, hi)) = appended {
-            // The events are committed: what follows must not turn the answer
-            // into an error (the client would retry a send that succeeded).
-            let users = match memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await {
-                Ok(users) => users,
-                Err(e) => {
-                    tracing::error!(%room_id, "cannot find whom to wake after a commit: {e}");
-                    Vec::new()
-                }
-            };
-            state.notifier.wake(users.iter().map(String::as_str));
-            let anyone_pushes = !state.pusher_users.read().unwrap_or_else(|e| e.into_inner()).is_empty();
-            if anyone_pushes {
-                tokio::spawn(crate::notify::push_new_events(
-                    state.clone(),
-                    room_id.to_string(),
-                    lo,
-                    hi,
-                    users,
-                ));
+        Ok(Committed { room_id, appended })
+    }
+}
+
+/// Events committed to a room and not yet announced.
+#[must_use = "announce wakes the syncs that wait for these events"]
+struct Committed {
+    room_id: OwnedRoomId,
+    appended: Option<(i64, i64)>,
+}
+
+impl Committed {
+    /// Wakes the syncs of every user whose ranges hold one of the events and
+    /// hands them to the pushers. The events are committed: nothing here may
+    /// turn the answer into an error (the client would retry a send that
+    /// succeeded).
+    async fn announce(self, state: &AppState) {
+        let Committed { room_id, appended } = self;
+        let Some((lo, hi)) = appended else { return };
+        let users = match memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await {
+            Ok(users) => users,
+            Err(e) => {
+                tracing::error!(%room_id, "cannot find whom to wake after a commit: {e}");
+                Vec::new()
             }
+        };
+        state.notifier.wake(users.iter().map(String::as_str));
+        let anyone_pushes = !state.pusher_users.read().unwrap_or_else(|e| e.into_inner()).is_empty();
+        if anyone_pushes {
+            tokio::spawn(crate::notify::push_new_events(state.clone(), room_id.to_string(), lo, hi, users));
         }
-        Ok(())
+    }
+}
+
+/// Appends waiting to be written, per room. Whoever holds a room's slot
+/// writes everything queued for that room (up to [`MAX_BATCH`]) in one
+/// transaction: concurrent writers to one room share one commit and one
+/// wake-up instead of queueing for one each. Each append is still authorised
+/// on its own against the state the ones before it left, and answered on its
+/// own: a refused one does not affect the others.
+#[derive(Default)]
+pub struct WriteQueue {
+    rooms: std::sync::Mutex<HashMap<OwnedRoomId, Arc<RoomSlot>>>,
+}
+
+impl std::fmt::Debug for WriteQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rooms = self.rooms.lock().map_or(0, |r| r.len());
+        f.debug_struct("WriteQueue").field("rooms", &rooms).finish()
+    }
+}
+
+#[derive(Default)]
+struct RoomSlot {
+    /// Held by the task writing this room's queue.
+    writing: tokio::sync::Mutex<()>,
+    pending: std::sync::Mutex<Vec<Job>>,
+}
+
+struct Job {
+    draft: Draft,
+    txn: Option<ClientTxn>,
+    reply: tokio::sync::oneshot::Sender<Result<Appended>>,
+}
+
+impl WriteQueue {
+    fn slot(&self, room_id: &RoomId) -> Arc<RoomSlot> {
+        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        rooms.entry(room_id.to_owned()).or_default().clone()
+    }
+
+    /// Forgets a room's slot once nobody else holds it (so rooms that are
+    /// written to rarely, or do not exist, take no memory).
+    fn release(&self, room_id: &RoomId, slot: Arc<RoomSlot>) {
+        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's reference and ours: no request holds it, and none can
+        // take it without this lock.
+        if Arc::strong_count(&slot) == 2 {
+            rooms.remove(room_id);
+        }
+    }
+}
+
+impl RoomSlot {
+    fn take(&self) -> Vec<Job> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let n = pending.len().min(MAX_BATCH);
+        pending.drain(..n).collect()
+    }
+}
+
+/// Writes what is queued for a room (run as its own task, so a client that
+/// goes away cannot leave a queued write behind).
+async fn write_queued(state: AppState, room_id: OwnedRoomId, slot: Arc<RoomSlot>) {
+    {
+        let _writing = slot.writing.lock().await;
+        let jobs = slot.take();
+        if !jobs.is_empty() {
+            write_batch(&state, &room_id, jobs).await;
+        }
+    }
+    state.write_queue.release(&room_id, slot);
+}
+
+async fn write_batch(state: &AppState, room_id: &RoomId, jobs: Vec<Job>) {
+    let fail_all = |replies: Vec<tokio::sync::oneshot::Sender<Result<Appended>>>, e: &Error| {
+        for reply in replies {
+            let _ = reply.send(Err(e.replicate()));
+        }
+    };
+    let mut writer = match RoomWriter::open(state, room_id).await {
+        Ok(w) => w,
+        Err(e) => return fail_all(jobs.into_iter().map(|j| j.reply).collect(), &e),
+    };
+    let mut answers = Vec::with_capacity(jobs.len());
+    let mut jobs = jobs.into_iter();
+    while let Some(job) = jobs.next() {
+        match writer.append(state, &job.draft, job.txn.as_ref()).await {
+            Err(e) if e.taints_transaction() => {
+                // Part of this append may be in the transaction: nothing of
+                // the batch commits, and every request in it hears why.
+                let replies = answers.into_iter().map(|(r, _)| r).chain(jobs.map(|j| j.reply));
+                fail_all(replies.collect(), &e);
+                let _ = job.reply.send(Err(e));
+                return;
+            }
+            result => answers.push((job.reply, result)),
+        }
+    }
+    if answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
+        match writer.commit_only().await {
+            Ok(committed) => {
+                for (reply, result) in answers {
+                    let _ = reply.send(result);
+                }
+                committed.announce(state).await;
+            }
+            Err(e) => fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e),
+        }
+    } else {
+        for (reply, result) in answers {
+            let _ = reply.send(result);
+        }
     }
 }
 
@@ -353,19 +484,24 @@ pub fn authorize<'a>(
         .map_err(|e| Error::Forbidden(format!("Event not allowed: {e}")))
 }
 
-/// Appends one event to an existing room.
+/// Appends one event to an existing room, through the room's write queue
+/// (see [`WriteQueue`]): it may share a transaction with other appends to
+/// the room that arrive meanwhile, and is answered once that commits.
 pub async fn append(
     state: &AppState,
     room_id: &RoomId,
     draft: &Draft,
     txn: Option<&ClientTxn>,
 ) -> Result<Appended> {
-    let mut writer = RoomWriter::open(state, room_id).await?;
-    let appended = writer.append(state, draft, txn).await?;
-    if appended.is_new {
-        writer.commit(state).await?;
-    }
-    Ok(appended)
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let slot = state.write_queue.slot(room_id);
+    slot.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Job {
+        draft: draft.clone(),
+        txn: txn.cloned(),
+        reply,
+    });
+    tokio::spawn(write_queued(state.clone(), room_id.to_owned(), slot));
+    answer.await.unwrap_or_else(|_| Err(Error::Internal("the room write was dropped".into())))
 }
 
 /// `content.membership` of a member event.
