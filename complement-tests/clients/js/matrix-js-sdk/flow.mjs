@@ -13,7 +13,7 @@
 // initial sync, scrolls back (`scrollback`, /messages) to the m.room.create
 // event and must find all 25 in order. Then an end-to-end encrypted room
 // (Megolm): invite, join, 10 messages in turns, each decrypted by the other
-// side with the plaintext body checked. Bob leaves both rooms; alice sees the
+// side with the plaintext body checked, the server holding only ciphertext. Bob leaves both rooms; alice sees the
 // leaves and bob's client sees itself out. Both log out.
 //
 // Any failure exits 1 with a line starting "FAIL:".
@@ -41,7 +41,7 @@ const {
 } = sdk;
 
 /** A logger for one client: debug and info are dropped, warnings and errors
- * are kept (printed at the end) and errors also counted. */
+ * are kept and printed at the end. */
 function makeLogger(name, sink) {
     const keep = (level) => (...msg) => sink.push(`${name} ${level}: ${msg.map(String).join(" ").slice(0, 600)}`);
     const logger = {
