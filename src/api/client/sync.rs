@@ -76,9 +76,15 @@ async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Resul
         full_state: b.full_state,
         filter: sync_filter(&definition),
         timeout: b.timeout.unwrap_or_default().min(MAX_TIMEOUT),
-        // matrix-js-sdk sends the unstable name of MSC4222.
-        use_state_after: b.use_state_after
-            || req.query_param("org.matrix.msc4222.use_state_after").is_some_and(|v| v == "true"),
+        // MSC4222's unstable names go together: a client that sends the
+        // unstable parameter (matrix-js-sdk does) reads only the unstable field.
+        state_after: if b.use_state_after {
+            Some("state_after")
+        } else if req.query_param("org.matrix.msc4222.use_state_after").is_some_and(|v| v == "true") {
+            Some("org.matrix.msc4222.state_after")
+        } else {
+            None
+        },
     };
     sync::presence::touch_from_sync(&state, &me.user_id, b.set_presence.as_str()).await?;
     sync::sync(&state, me, &request).await
