@@ -41,6 +41,8 @@ pub struct Services {
     pub pusher_users: std::sync::RwLock<std::collections::HashSet<String>>,
     /// Outgoing HTTP (push gateways).
     pub http: reqwest::Client,
+    /// Access tokens resolved recently.
+    pub tokens: crate::account::TokenCache,
     /// Room appends waiting to be written in batches.
     pub write_queue: crate::room::timeline::WriteQueue,
 }
@@ -71,6 +73,7 @@ impl AppState {
                 .user_agent(concat!("seqline/", env!("CARGO_PKG_VERSION")))
                 .build()
                 .unwrap_or_default(),
+            tokens: crate::account::TokenCache::default(),
             write_queue: crate::room::timeline::WriteQueue::default(),
         }))
     }

@@ -57,6 +57,9 @@ async fn login_accepts_identifier_and_legacy_user(backend: Backend) {
     req["device_id"] = json!("PHONE");
     req["initial_device_display_name"] = json!("Phone");
     let (_, first) = server.post("/_matrix/client/v3/login", None, req.clone()).await;
+    // Used once (so the server has resolved it) before it is replaced.
+    let (status, _) = server.get("/_matrix/client/v3/account/whoami", first["access_token"].as_str()).await;
+    assert_eq!(status, 200);
     // The display name of a known device is not replaced on login.
     req["initial_device_display_name"] = json!("Renamed");
     let (_, second) = server.post("/_matrix/client/v3/login", None, req).await;
@@ -184,6 +187,10 @@ async fn password_change_logs_out_other_devices(backend: Backend) {
     let me = server.register("dave", "old-pw").await;
     let other = server.login("dave", "old-pw").await;
     let keeper = server.login("dave", "old-pw").await;
+    for token in [&other.token, &keeper.token] {
+        let (status, _) = server.get("/_matrix/client/v3/account/whoami", Some(token)).await;
+        assert_eq!(status, 200);
+    }
 
     let path = "/_matrix/client/v3/account/password";
     let (status, body) = server.post(path, Some(&me.token), json!({ "new_password": "new-pw" })).await;
@@ -200,7 +207,8 @@ async fn password_change_logs_out_other_devices(backend: Backend) {
         .await;
     assert_eq!(status, 200, "{body}");
 
-    // This session stays; every other one is logged out.
+    // This session stays; every other one is logged out (also those the
+    // server resolved a moment ago).
     let (status, _) = server.get("/_matrix/client/v3/account/whoami", Some(&me.token)).await;
     assert_eq!(status, 200);
     for token in [&other.token, &keeper.token] {

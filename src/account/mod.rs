@@ -202,6 +202,8 @@ pub async fn issue_session(
     let device_id = device_id.unwrap_or_else(new_device_id);
     validate_device_id(&device_id)?;
     let access_token = new_access_token();
+    // A login with an existing device id replaces that device's token.
+    state.tokens.forget_device(user_id.as_str(), device_id.as_str());
     devices::login(
         &state.db,
         user_id.as_str(),
@@ -231,20 +233,76 @@ pub async fn check_password(state: &AppState, localpart: &str, password: &str) -
     OwnedUserId::try_from(user.user_id).map_err(|e| Error::Internal(format!("stored user id: {e}")))
 }
 
+/// How long a resolved access token is trusted without asking the database.
+/// Logout and device deletion in this process forget it at once; the bound
+/// matters only for a revocation made by another process sharing the
+/// database (or the CLI changing the admin flag).
+const TOKEN_CACHE_TTL_MS: i64 = 10_000;
+
+/// The cache holds at most this many tokens (it is emptied when full).
+const TOKEN_CACHE_MAX: usize = 100_000;
+
+/// Access tokens resolved recently: sha-256 of the token -> its owner.
+#[derive(Debug, Default)]
+pub struct TokenCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, CachedOwner>>,
+}
+
+#[derive(Debug, Clone)]
+struct CachedOwner {
+    requester: Requester,
+    /// The device's last-seen time as stored (refreshed through the database).
+    last_seen_ts: i64,
+    cached_at: i64,
+}
+
+impl TokenCache {
+    fn get(&self, token_hash: &str, now: i64) -> Option<Requester> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let hit = entries.get(token_hash)?;
+        let fresh =
+            now - hit.cached_at <= TOKEN_CACHE_TTL_MS && now - hit.last_seen_ts <= LAST_SEEN_GRANULARITY_MS;
+        fresh.then(|| hit.requester.clone())
+    }
+
+    fn put(&self, token_hash: String, requester: Requester, last_seen_ts: i64, now: i64) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= TOKEN_CACHE_MAX {
+            entries.clear();
+        }
+        entries.insert(token_hash, CachedOwner { requester, last_seen_ts, cached_at: now });
+    }
+
+    /// Forgets every token of a device (logged out, deleted, or given a new
+    /// token by a login with its id).
+    pub fn forget_device(&self, user_id: &str, device_id: &str) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|_, c| !(c.requester.user_id == user_id && c.requester.device_id == device_id));
+    }
+}
+
 /// Resolves an access token to its owner, refreshing the device's last-seen
 /// time at most once a minute.
 pub async fn authenticate(state: &AppState, token: &str, ip: Option<&str>) -> Result<Requester> {
-    let owner = devices::by_token(&state.db, &hash_token(token)).await?.ok_or(Error::UnknownToken)?;
+    let token_hash = hash_token(token);
     let now = storage::now_ms();
-    if owner.last_seen_ts.is_none_or(|t| now - t > LAST_SEEN_GRANULARITY_MS) {
-        devices::touch(&state.db, &owner.user_id, &owner.device_id, now, ip).await?;
+    if let Some(requester) = state.tokens.get(&token_hash, now) {
+        return Ok(requester);
     }
-    Ok(Requester {
+    let owner = devices::by_token(&state.db, &token_hash).await?.ok_or(Error::UnknownToken)?;
+    let mut last_seen = owner.last_seen_ts.unwrap_or(0);
+    if now - last_seen > LAST_SEEN_GRANULARITY_MS {
+        devices::touch(&state.db, &owner.user_id, &owner.device_id, now, ip).await?;
+        last_seen = now;
+    }
+    let requester = Requester {
         user_id: OwnedUserId::try_from(owner.user_id)
             .map_err(|e| Error::Internal(format!("stored user id: {e}")))?,
         device_id: owner.device_id.into(),
         is_admin: owner.is_admin,
-    })
+    };
+    state.tokens.put(token_hash, requester.clone(), last_seen, now);
+    Ok(requester)
 }
 
 /// Sets a new password; with `logout_devices`, every other device of the user
