@@ -107,7 +107,7 @@ run_seqline() { # round
   rm -rf "$dir"; mkdir -p "$dir/data"
   port=$(free_port); url="http://127.0.0.1:$port"
   local envs=(SEQLINE_REGISTRATION=open SEQLINE_RATE_LIMITS=off SEQLINE_LISTEN="127.0.0.1:$port"
-              SEQLINE_DATA_DIR="$dir/data" SEQLINE_SERVER_NAME=localhost SEQLINE_LOG=warn)
+              SEQLINE_DATA_DIR="$dir/data" SEQLINE_SERVER_NAME=localhost SEQLINE_LOG=warn SEQLINE_PRESENCE=off)
   if [ "$POSTGRES" = 1 ]; then
     db="seqline_bench_$1"; fresh_pg_db "$db"
     envs+=(SEQLINE_DATABASE_URL="$PG_URL_BASE/$db")

@@ -40,7 +40,27 @@ backend_tests!(
     joined_rooms_lists_created_rooms_only_when_joined,
     joined_members_and_members_filters,
     concurrent_sends_are_each_answered_for_themselves,
+    same_txn_id_after_leaving_returns_the_event,
 );
+
+/// A retransmission answers with the event the first request made, even
+/// once the sender could no longer send it.
+async fn same_txn_id_after_leaving_returns_the_event(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    server.post(&room_path(&room, "/join"), Some(&bob.token), json!({})).await;
+    let first = send(&server, &bob, &room, "m.room.message", "once", text("before I go")).await;
+    assert_eq!(first.0, 200, "{}", first.1);
+    let (status, _) = server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    let again = send(&server, &bob, &room, "m.room.message", "once", text("before I go")).await;
+    assert_eq!(again.0, 200, "the retransmission: {}", again.1);
+    assert_eq!(event_id_of(&again.1), event_id_of(&first.1));
+    let new = send(&server, &bob, &room, "m.room.message", "twice", text("still here?")).await;
+    assert_error(&new, 403, "M_FORBIDDEN", "a new send after leaving");
+}
 
 /// Many sends at once into one room (the server writes them in shared
 /// transactions): each member's send is stored once, at its own seq; a

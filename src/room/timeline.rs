@@ -132,6 +132,15 @@ impl RoomWriter {
         }
     }
 
+    /// Takes over the state an earlier writer of this room loaded, if the
+    /// room's head has not moved since (else it is stale and dropped).
+    fn adopt(&mut self, cache: StateCache) {
+        if cache.last_seq == self.last_seq && self.state.is_empty() {
+            self.state = cache.state;
+            self.by_id = cache.by_id;
+        }
+    }
+
     /// The transaction's connection.
     pub fn conn(&mut self) -> &mut sqlx::AnyConnection {
         self.tx.conn()
@@ -162,16 +171,6 @@ impl RoomWriter {
         txn: Option<&ClientTxn>,
     ) -> Result<Appended> {
         let sender = draft.sender.as_str();
-        if let Some(t) = txn {
-            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
-            if let Some(event_id) = events::txn_event(self.tx.conn(), key).await? {
-                let stored = events::by_id_tx(self.tx.conn(), &event_id)
-                    .await?
-                    .ok_or_else(|| Error::Internal("transaction points at a missing event".into()))?;
-                let pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
-                return Ok(Appended { pdu, seq: stored.seq, is_new: false });
-            }
-        }
         let content_raw = serde_json::value::to_raw_value(&draft.content)
             .map_err(|e| Error::Internal(format!("content: {e}")))?;
         if let Some(state_key) = &draft.state_key
@@ -219,12 +218,26 @@ impl RoomWriter {
         };
         let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
 
-        authorize(
+        let allowed = authorize(
             &self.rules,
             &pdu,
             |id| self.by_id.get(id),
             |t, k| self.state.get(&(t.to_string(), k.to_owned())).and_then(Option::as_ref),
-        )?;
+        );
+        // A repeated transaction answers with the event the first one made,
+        // even if the sender could not send it now (they left since, say).
+        // Checked by claiming the transaction id: no extra query when new.
+        if let Some(t) = txn {
+            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
+            let claimed = match allowed {
+                Ok(()) => events::claim_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?,
+                Err(_) => false,
+            };
+            if !claimed && let Some(earlier) = self.txn_event(key).await? {
+                return Ok(earlier);
+            }
+        }
+        allowed?;
 
         let seq = self.last_seq + 1;
         let membership_change = match (&draft.state_key, member_value(&draft.kind, &draft.content)) {
@@ -261,10 +274,6 @@ impl RoomWriter {
         if let Some(target) = &pdu.redacts {
             events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
         }
-        if let Some(t) = txn {
-            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
-            events::put_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?;
-        }
         self.reservations.push(reservation);
         self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));
         self.last_seq = seq;
@@ -275,6 +284,16 @@ impl RoomWriter {
             self.state.insert((draft.kind.clone(), state_key.clone()), Some(pdu.clone()));
         }
         Ok(Appended { pdu, seq, is_new: true })
+    }
+
+    /// The event an earlier request with this transaction made, if any.
+    async fn txn_event(&mut self, key: Txn<'_>) -> Result<Option<Appended>> {
+        let Some(event_id) = events::txn_event(self.tx.conn(), key).await? else { return Ok(None) };
+        let stored = events::by_id_tx(self.tx.conn(), &event_id)
+            .await?
+            .ok_or_else(|| Error::Internal("transaction points at a missing event".into()))?;
+        let pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
+        Ok(Some(Appended { pdu, seq: stored.seq, is_new: false }))
     }
 
     /// Keeps the membership ranges in step with a membership change at `seq`:
@@ -310,22 +329,62 @@ impl RoomWriter {
     /// then (the stream position having moved past it) wakes the syncs of
     /// every user whose ranges hold one of the new events.
     pub async fn commit(self, state: &AppState) -> Result<()> {
-        self.commit_only().await?.announce(state).await;
+        self.commit_only().await?.0.announce(state).await;
         Ok(())
     }
 
     /// Saves the head and commits; what was appended is announced by
     /// [`Committed::announce`].
-    async fn commit_only(self) -> Result<Committed> {
-        let RoomWriter { room_id, last_seq, extremities, max_depth, reservations, appended, mut tx, .. } =
-            self;
+    async fn commit_only(self) -> Result<(Committed, StateCache)> {
+        let RoomWriter {
+            room_id,
+            last_seq,
+            extremities,
+            max_depth,
+            reservations,
+            appended,
+            mut tx,
+            state,
+            by_id,
+            ..
+        } = self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
         rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth).await?;
         tx.commit().await?;
         drop(reservations);
-        Ok(Committed { room_id, appended })
+        Ok((Committed { room_id, appended }, StateCache::new(last_seq, state, by_id)))
+    }
+
+    /// Ends the write without committing anything, keeping what it loaded.
+    fn into_cache(self) -> StateCache {
+        StateCache::new(self.last_seq, self.state, self.by_id)
     }
 }
+
+/// The room state a writer loaded, good for the next writer as long as the
+/// room's head is still `last_seq` (another process may have moved it).
+#[derive(Default)]
+struct StateCache {
+    last_seq: i64,
+    state: HashMap<(String, String), Option<Pdu>>,
+    /// The state events among them by id (auth events are state events).
+    by_id: HashMap<OwnedEventId, Pdu>,
+}
+
+impl StateCache {
+    fn new(
+        last_seq: i64,
+        state: HashMap<(String, String), Option<Pdu>>,
+        mut by_id: HashMap<OwnedEventId, Pdu>,
+    ) -> Self {
+        // Messages appended by the write are no auth events of later ones.
+        by_id.retain(|_, p| p.state_key.is_some());
+        Self { last_seq, state, by_id }
+    }
+}
+
+/// A state cache larger than this is not kept between writes.
+const MAX_CACHED_STATE: usize = 10_000;
 
 /// Events committed to a room and not yet announced.
 #[must_use = "announce wakes the syncs that wait for these events"]
@@ -377,8 +436,9 @@ impl std::fmt::Debug for WriteQueue {
 
 #[derive(Default)]
 struct RoomSlot {
-    /// Held by the task writing this room's queue.
-    writing: tokio::sync::Mutex<()>,
+    /// Held by the task writing this room's queue, with the state the last
+    /// writer loaded.
+    writing: tokio::sync::Mutex<StateCache>,
     pending: std::sync::Mutex<Vec<Job>>,
 }
 
@@ -417,17 +477,34 @@ impl RoomSlot {
 /// Writes what is queued for a room (run as its own task, so a client that
 /// goes away cannot leave a queued write behind).
 async fn write_queued(state: AppState, room_id: OwnedRoomId, slot: Arc<RoomSlot>) {
-    {
-        let _writing = slot.writing.lock().await;
+    let committed = {
+        let mut cache = slot.writing.lock().await;
         let jobs = slot.take();
-        if !jobs.is_empty() {
-            write_batch(&state, &room_id, jobs).await;
+        if jobs.is_empty() {
+            None
+        } else {
+            let (committed, next) = write_batch(&state, &room_id, jobs, std::mem::take(&mut *cache)).await;
+            if next.state.len() <= MAX_CACHED_STATE {
+                *cache = next;
+            }
+            committed
         }
+    };
+    // The next batch need not wait for the wake-ups of this one.
+    if let Some(committed) = committed {
+        committed.announce(&state).await;
     }
     state.write_queue.release(&room_id, slot);
 }
 
-async fn write_batch(state: &AppState, room_id: &RoomId, jobs: Vec<Job>) {
+/// Writes one batch; returns what was committed (to announce) and the state
+/// the writer loaded.
+async fn write_batch(
+    state: &AppState,
+    room_id: &RoomId,
+    jobs: Vec<Job>,
+    cache: StateCache,
+) -> (Option<Committed>, StateCache) {
     let fail_all = |replies: Vec<tokio::sync::oneshot::Sender<Result<Appended>>>, e: &Error| {
         for reply in replies {
             let _ = reply.send(Err(e.replicate()));
@@ -435,8 +512,12 @@ async fn write_batch(state: &AppState, room_id: &RoomId, jobs: Vec<Job>) {
     };
     let mut writer = match RoomWriter::open(state, room_id).await {
         Ok(w) => w,
-        Err(e) => return fail_all(jobs.into_iter().map(|j| j.reply).collect(), &e),
+        Err(e) => {
+            fail_all(jobs.into_iter().map(|j| j.reply).collect(), &e);
+            return (None, StateCache::default());
+        }
     };
+    writer.adopt(cache);
     let mut answers = Vec::with_capacity(jobs.len());
     let mut jobs = jobs.into_iter();
     while let Some(job) = jobs.next() {
@@ -447,25 +528,30 @@ async fn write_batch(state: &AppState, room_id: &RoomId, jobs: Vec<Job>) {
                 let replies = answers.into_iter().map(|(r, _)| r).chain(jobs.map(|j| j.reply));
                 fail_all(replies.collect(), &e);
                 let _ = job.reply.send(Err(e));
-                return;
+                return (None, StateCache::default());
             }
             result => answers.push((job.reply, result)),
         }
     }
     if answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
         match writer.commit_only().await {
-            Ok(committed) => {
+            Ok((committed, cache)) => {
                 for (reply, result) in answers {
                     let _ = reply.send(result);
                 }
-                committed.announce(state).await;
+                (Some(committed), cache)
             }
-            Err(e) => fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e),
+            Err(e) => {
+                fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);
+                (None, StateCache::default())
+            }
         }
     } else {
+        let cache = writer.into_cache();
         for (reply, result) in answers {
             let _ = reply.send(result);
         }
+        (None, cache)
     }
 }
 

@@ -191,10 +191,12 @@ pub async fn txn_event(conn: &mut AnyConnection, t: Txn<'_>) -> Result<Option<St
     .await?)
 }
 
-/// Records the event a transaction produced.
-pub async fn put_txn(conn: &mut AnyConnection, t: Txn<'_>, event_id: &str, now: i64) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO txn_ids (user_id, device_id, scope, txn_id, event_id, created_ts) VALUES ($1, $2, $3, $4, $5, $6)",
+/// Records the event a transaction produces; false (and nothing written)
+/// when the transaction already has one.
+pub async fn claim_txn(conn: &mut AnyConnection, t: Txn<'_>, event_id: &str, now: i64) -> Result<bool> {
+    let done = sqlx::query(
+        "INSERT INTO txn_ids (user_id, device_id, scope, txn_id, event_id, created_ts) VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (user_id, device_id, scope, txn_id) DO NOTHING",
     )
     .bind(t.user_id)
     .bind(t.device_id)
@@ -204,7 +206,7 @@ pub async fn put_txn(conn: &mut AnyConnection, t: Txn<'_>, event_id: &str, now: 
     .bind(now)
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 /// Rooms in which `user_id`'s current membership is `membership`.
@@ -432,14 +434,14 @@ pub async fn joined_members(db: &Db, room_id: &str) -> Result<Vec<String>> {
 
 /// `user` and everyone joined to a room with them now, in one query.
 pub async fn room_peers(db: &Db, user: &str) -> Result<Vec<String>> {
-    let mut peers: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT b.state_key FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
+    let sql = db.joined_column(
+        "SELECT DISTINCT b.state_key AS v FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
          WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
            AND b.event_type = 'm.room.member' AND b.membership = 'join'",
-    )
-    .bind(user)
-    .fetch_all(&db.pool)
-    .await?;
+    );
+    let joined: Option<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(user).fetch_one(&db.pool).await?;
+    let mut peers = super::split_column(joined);
     if !peers.iter().any(|p| p == user) {
         peers.push(user.to_owned());
     }

@@ -148,15 +148,17 @@ pub async fn is_forgotten(db: &Db, user_id: &str, room_id: &str) -> Result<bool>
 /// Users with a stay or an invite holding any seq in `lo..=hi`: whom new
 /// events there concern.
 pub async fn holders_between(db: &Db, room_id: &str, lo: i64, hi: i64) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "SELECT DISTINCT user_id FROM memberships WHERE room_id = $1 AND window_seq <= $3 \
+    let sql = db.joined_column(
+        "SELECT DISTINCT user_id AS v FROM memberships WHERE room_id = $1 AND window_seq <= $3 \
          AND (max_seq IS NULL OR max_seq >= $2)",
-    )
-    .bind(room_id)
-    .bind(lo)
-    .bind(hi)
-    .fetch_all(&db.pool)
-    .await?)
+    );
+    let joined: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(room_id)
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(&db.pool)
+        .await?;
+    Ok(super::split_column(joined))
 }
 
 /// Rooms where a user has any membership range: (room_id, open or ended).

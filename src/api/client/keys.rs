@@ -286,7 +286,7 @@ async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Req
         }
     }
     let mut conn = state.db.pool.acquire().await?;
-    events::put_txn(&mut conn, txn, "", crate::storage::now_ms()).await?;
+    events::claim_txn(&mut conn, txn, "", crate::storage::now_ms()).await?;
     drop(conn);
     drop(reservation);
     state.notifier.wake(recipients.keys().map(String::as_str));
