@@ -35,8 +35,6 @@ pub async fn remove_devices(state: &AppState, user: &UserId, device_ids: &[&str]
     devices::delete_many(&state.db, user.as_str(), device_ids).await?;
     for device in device_ids {
         state.tokens.forget_device(user.as_str(), device);
-    }
-    for device in device_ids {
         keys::delete_device(&state.db, user.as_str(), device).await?;
     }
     if !device_ids.is_empty() {

@@ -533,26 +533,21 @@ async fn write_batch(
             result => answers.push((job.reply, result)),
         }
     }
-    if answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
+    let (committed, cache) = if answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
         match writer.commit_only().await {
-            Ok((committed, cache)) => {
-                for (reply, result) in answers {
-                    let _ = reply.send(result);
-                }
-                (Some(committed), cache)
-            }
+            Ok((committed, cache)) => (Some(committed), cache),
             Err(e) => {
                 fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);
-                (None, StateCache::default())
+                return (None, StateCache::default());
             }
         }
     } else {
-        let cache = writer.into_cache();
-        for (reply, result) in answers {
-            let _ = reply.send(result);
-        }
-        (None, cache)
+        (None, writer.into_cache())
+    };
+    for (reply, result) in answers {
+        let _ = reply.send(result);
     }
+    (committed, cache)
 }
 
 /// The spec's authorisation rules for `pdu` (ruma-state-res): the checks that

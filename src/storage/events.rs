@@ -424,12 +424,13 @@ pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
 
 /// The users joined to the room now.
 pub async fn joined_members(db: &Db, room_id: &str) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' AND membership = 'join'",
-    )
-    .bind(room_id)
-    .fetch_all(&db.pool)
-    .await?)
+    let sql = db.joined_column(
+        "SELECT state_key AS v FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' \
+         AND membership = 'join'",
+    );
+    let joined: Option<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(room_id).fetch_one(&db.pool).await?;
+    Ok(super::split_column(joined))
 }
 
 /// `user` and everyone joined to a room with them now, in one query.

@@ -88,9 +88,7 @@ pub async fn set_typing(
     timeout: Option<Duration>,
 ) -> Result<()> {
     read::open(state, room_id).await?;
-    if read::MembershipHistory::load(state, room_id, user).await?.current() != "join" {
-        return Err(Error::Forbidden("You are not joined to this room".into()));
-    }
+    read::require_joined(state, room_id, user).await?;
     if state.typing.set(room_id.as_str(), user.as_str(), timeout) {
         let members = room_members(state, room_id.as_str()).await?;
         state.notifier.wake(members.iter().map(String::as_str));

@@ -187,12 +187,23 @@ async fn store(state: &AppState, user: &str, version: &str, uploads: Vec<Upload<
             changed = true;
         }
     }
-    let mut etag = current.etag;
+    finish_key_write(tx, user, current, changed).await
+}
+
+/// Ends a write to a version's keys: moves the etag on if the keys changed,
+/// commits, and answers the version's `count` and `etag`.
+async fn finish_key_write(
+    mut tx: crate::storage::RoomTx,
+    user: &str,
+    version: backup::Version,
+    changed: bool,
+) -> Result<Value> {
+    let mut etag = version.etag;
     if changed {
-        backup::bump_etag(tx.conn(), user, number).await?;
+        backup::bump_etag(tx.conn(), user, version.version).await?;
         etag += 1;
     }
-    let count = backup::count(tx.conn(), user, number).await?;
+    let count = backup::count(tx.conn(), user, version.version).await?;
     tx.commit().await?;
     Ok(json!({ "count": count, "etag": etag.to_string() }))
 }
@@ -284,14 +295,8 @@ async fn remove(
     let number = parse_version(version)?;
     let mut tx = state.db.begin_write().await?;
     let v = backup::version(tx.conn(), user, number).await?.ok_or_else(unknown_version)?;
-    let mut etag = v.etag;
-    if backup::delete_keys(tx.conn(), user, number, room, session).await? > 0 {
-        backup::bump_etag(tx.conn(), user, number).await?;
-        etag += 1;
-    }
-    let count = backup::count(tx.conn(), user, number).await?;
-    tx.commit().await?;
-    Ok(json!({ "count": count, "etag": etag.to_string() }))
+    let changed = backup::delete_keys(tx.conn(), user, number, room, session).await? > 0;
+    finish_key_write(tx, user, v, changed).await
 }
 
 async fn delete_all(state: AppState, req: Ruma<delete_backup_keys::v3::Request>) -> Result<Value> {

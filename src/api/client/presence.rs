@@ -37,8 +37,8 @@ async fn get(state: AppState, req: Ruma<get_presence::v3::Request>) -> Result<Va
     {
         return Err(Error::NotFound("Unknown user".into()));
     }
-    let known = if state.settings.presence_enabled { state.presence.get(user.as_str()) } else { None };
-    Ok(match known {
+    // With presence off nothing is ever stored: everyone reads as offline.
+    Ok(match state.presence.get(user.as_str()) {
         Some(p) => {
             let mut body = json!({
                 "presence": p.state,
