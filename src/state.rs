@@ -45,6 +45,8 @@ pub struct Services {
     pub tokens: crate::account::TokenCache,
     /// Room appends waiting to be written in batches.
     pub write_queue: crate::room::timeline::WriteQueue,
+    /// What deciding who may read what in a room needs, between requests.
+    pub read_cache: crate::room::cache::ReadCache,
 }
 
 impl AppState {
@@ -75,6 +77,7 @@ impl AppState {
                 .unwrap_or_default(),
             tokens: crate::account::TokenCache::default(),
             write_queue: crate::room::timeline::WriteQueue::default(),
+            read_cache: crate::room::cache::ReadCache::default(),
         }))
     }
 }

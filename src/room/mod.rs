@@ -5,6 +5,7 @@
 
 #[cfg(test)]
 mod auth_tests;
+pub mod cache;
 pub mod create;
 pub mod directory;
 pub mod format;

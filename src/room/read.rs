@@ -7,6 +7,9 @@ use ruma::room_version_rules::RoomVersionRules;
 use ruma::{RoomId, UserId};
 use serde_json::Value;
 
+use std::sync::Arc;
+
+use super::cache::{RoomInputs, UserInputs};
 use super::format::{Viewer, client_event};
 use super::pdu::Pdu;
 use super::visibility::{self, Hv, HvLine, Inputs, SeqRanges};
@@ -94,32 +97,67 @@ impl Access {
     }
 }
 
+/// The room's slowly changing read inputs, from the cache while the room's
+/// read epoch stands still.
+async fn room_inputs(state: &AppState, view: &RoomView) -> Result<Arc<RoomInputs>> {
+    let room_id = view.room.room_id.as_str();
+    if let Some(kept) = state.read_cache.room(room_id, view.room.read_epoch) {
+        return Ok(kept);
+    }
+    let hv = hv_line(state, room_id).await?;
+    let max_lifetime = match events::state_event(&state.db, room_id, "m.room.retention", "").await? {
+        Some(stored) => Pdu::from_stored(&stored.event_id, &stored.json)?
+            .content_as::<Value>()
+            .and_then(|c| c["max_lifetime"].as_i64())
+            .filter(|m| *m > 0),
+        None => None,
+    };
+    Ok(state.read_cache.put_room(room_id, view.room.read_epoch, hv, max_lifetime))
+}
+
+/// One user's read inputs in the room, from the cache while the room's read
+/// epoch stands still.
+async fn user_inputs(
+    state: &AppState,
+    view: &RoomView,
+    room: &RoomInputs,
+    user_id: &UserId,
+) -> Result<Arc<UserInputs>> {
+    if let Some(kept) = room.user(user_id.as_str()) {
+        return Ok(kept);
+    }
+    let room_id = view.room.room_id.as_str();
+    let inputs = UserInputs {
+        history: MembershipHistory {
+            changes: events::membership_changes(&state.db, room_id, user_id.as_str()).await?,
+        },
+        stays: memberships::ranges(&state.db, room_id, user_id.as_str()).await?,
+        floor: memberships::user_floor(&state.db, room_id, user_id.as_str()).await?,
+    };
+    Ok(room.put_user(user_id.as_str(), inputs))
+}
+
 /// The floor below which nothing is returned: the room's own, the user's own,
 /// and `m.room.retention`'s `max_lifetime`.
-pub async fn floor(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<i64> {
+async fn floor(state: &AppState, view: &RoomView, max_lifetime: Option<i64>, user_floor: i64) -> Result<i64> {
     let room_id = view.room.room_id.as_str();
-    let mut floor =
-        view.room.floor_seq.max(memberships::user_floor(&state.db, room_id, user_id.as_str()).await?);
-    if let Some(stored) = events::state_event(&state.db, room_id, "m.room.retention", "").await? {
-        let content: Value =
-            Pdu::from_stored(&stored.event_id, &stored.json)?.content_as().unwrap_or_default();
-        if let Some(max_lifetime) = content["max_lifetime"].as_i64().filter(|m| *m > 0) {
-            let since = crate::storage::now_ms() - max_lifetime;
-            let first =
-                events::first_seq_since(&state.db, room_id, since).await?.unwrap_or(view.room.last_seq + 1);
-            if first > view.room.floor_seq {
-                // Aged-out history is gone for good: the room's floor moves up
-                // and stays there, whatever the setting later says.
-                crate::storage::rooms::raise_floor(&state.db, room_id, first).await?;
-            }
-            floor = floor.max(first);
+    let mut floor = view.room.floor_seq.max(user_floor);
+    if let Some(max_lifetime) = max_lifetime {
+        let since = crate::storage::now_ms() - max_lifetime;
+        let first =
+            events::first_seq_since(&state.db, room_id, since).await?.unwrap_or(view.room.last_seq + 1);
+        if first > view.room.floor_seq {
+            // Aged-out history is gone for good: the room's floor moves up
+            // and stays there, whatever the setting later says.
+            crate::storage::rooms::raise_floor(&state.db, room_id, first).await?;
         }
+        floor = floor.max(first);
     }
     Ok(floor)
 }
 
 /// The room's history visibility along its seq line.
-pub async fn hv_line(state: &AppState, room_id: &str) -> Result<HvLine> {
+async fn hv_line(state: &AppState, room_id: &str) -> Result<HvLine> {
     let mut changes = Vec::new();
     for (seq, json) in events::state_changes(&state.db, room_id, "m.room.history_visibility", "").await? {
         let value: Value = serde_json::from_str(&json).unwrap_or_default();
@@ -131,15 +169,17 @@ pub async fn hv_line(state: &AppState, room_id: &str) -> Result<HvLine> {
 
 /// Works out what `user_id` may read in the room.
 pub async fn access(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<Access> {
-    let room_id = RoomId::parse(&view.room.room_id).map_err(|e| Error::Internal(e.to_string()))?;
-    let history = MembershipHistory::load(state, &room_id, user_id).await?;
-    let stays = memberships::ranges(&state.db, &view.room.room_id, user_id.as_str()).await?;
-    let hv = hv_line(state, &view.room.room_id).await?;
-    let floor = floor(state, view, user_id).await?;
-    let ranges =
-        visibility::visible(&Inputs { ranges: &stays, hv: &hv, last_seq: view.room.last_seq, floor });
-    let world_readable_now = hv.changes.last().is_some_and(|(_, v)| *v == Hv::WorldReadable);
-    Ok(Access { ranges, history, stays, world_readable_now })
+    let room = room_inputs(state, view).await?;
+    let user = user_inputs(state, view, &room, user_id).await?;
+    let floor = floor(state, view, room.max_lifetime, user.floor).await?;
+    let ranges = visibility::visible(&Inputs {
+        ranges: &user.stays,
+        hv: &room.hv,
+        last_seq: view.room.last_seq,
+        floor,
+    });
+    let world_readable_now = room.hv.changes.last().is_some_and(|(_, v)| *v == Hv::WorldReadable);
+    Ok(Access { ranges, history: user.history.clone(), stays: user.stays.clone(), world_readable_now })
 }
 
 /// Refuses users who are not joined to the room now.

@@ -71,6 +71,8 @@ pub struct RoomWriter {
     reservations: Vec<Reservation>,
     /// Seqs appended by this transaction.
     appended: Option<(i64, i64)>,
+    /// A state event was appended: the room's read epoch moves at commit.
+    state_changed: bool,
     tx: RoomTx,
 }
 
@@ -99,6 +101,7 @@ impl RoomWriter {
             by_id: HashMap::new(),
             reservations: Vec::new(),
             appended: None,
+            state_changed: false,
             tx,
         })
     }
@@ -128,6 +131,7 @@ impl RoomWriter {
             by_id,
             reservations: vec![create_stream],
             appended: Some((1, 1)),
+            state_changed: true,
             tx,
         }
     }
@@ -282,6 +286,7 @@ impl RoomWriter {
         self.by_id.insert(pdu.event_id.clone(), pdu.clone());
         if let Some(state_key) = &draft.state_key {
             self.state.insert((draft.kind.clone(), state_key.clone()), Some(pdu.clone()));
+            self.state_changed = true;
         }
         Ok(Appended { pdu, seq, is_new: true })
     }
@@ -343,13 +348,15 @@ impl RoomWriter {
             max_depth,
             reservations,
             appended,
+            state_changed,
             mut tx,
             state,
             by_id,
             ..
         } = self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
-        rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth).await?;
+        rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth, state_changed)
+            .await?;
         tx.commit().await?;
         drop(reservations);
         Ok((Committed { room_id, appended }, StateCache::new(last_seq, state, by_id)))

@@ -99,8 +99,10 @@ pub async fn user_floor(db: &Db, room_id: &str, user_id: &str) -> Result<i64> {
     Ok(floor.unwrap_or(0))
 }
 
-/// Raises a user's floor (it never moves down).
+/// Raises a user's floor (it never moves down); the room's read epoch moves
+/// with it, in the same transaction.
 pub async fn raise_user_floor(db: &Db, room_id: &str, user_id: &str, floor_seq: i64) -> Result<()> {
+    let mut tx = db.begin_write().await?;
     sqlx::query(
         "INSERT INTO user_room_floors (room_id, user_id, floor_seq) VALUES ($1, $2, $3) \
          ON CONFLICT (room_id, user_id) DO UPDATE SET floor_seq = \
@@ -109,9 +111,13 @@ pub async fn raise_user_floor(db: &Db, room_id: &str, user_id: &str, floor_seq: 
     .bind(room_id)
     .bind(user_id)
     .bind(floor_seq)
-    .execute(&db.pool)
+    .execute(tx.conn())
     .await?;
-    Ok(())
+    sqlx::query("UPDATE rooms SET read_epoch = read_epoch + 1 WHERE room_id = $1")
+        .bind(room_id)
+        .execute(tx.conn())
+        .await?;
+    tx.commit().await
 }
 
 /// Marks a room forgotten by a user.

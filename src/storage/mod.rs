@@ -85,6 +85,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (7, "e2ee", include_str!("../../migrations/sqlite/0007_e2ee.sql")),
     (8, "media", include_str!("../../migrations/sqlite/0008_media.sql")),
     (9, "key_backup", include_str!("../../migrations/sqlite/0009_key_backup.sql")),
+    (10, "read_epoch", include_str!("../../migrations/sqlite/0010_read_epoch.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -97,6 +98,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (7, "e2ee", include_str!("../../migrations/postgres/0007_e2ee.sql")),
     (8, "media", include_str!("../../migrations/postgres/0008_media.sql")),
     (9, "key_backup", include_str!("../../migrations/postgres/0009_key_backup.sql")),
+    (10, "read_epoch", include_str!("../../migrations/postgres/0010_read_epoch.sql")),
 ];
 
 impl Db {
@@ -118,6 +120,10 @@ impl Db {
             Backend::Sqlite => {
                 pool_options
                     .max_connections(8)
+                    // A ping before every checkout is one more hand-off to the
+                    // connection's worker thread per query; an embedded file
+                    // has no connection to lose.
+                    .test_before_acquire(false)
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             conn.execute("PRAGMA journal_mode = WAL").await?;

@@ -24,15 +24,19 @@ pub struct RoomRow {
     pub published: bool,
     /// The room's floor: nothing below it is returned to anyone.
     pub floor_seq: i64,
+    /// Moves whenever what members may read changes other than by the head
+    /// moving on (a state event, a purge, a user's own floor).
+    pub read_epoch: i64,
 }
 
-type Row = (String, String, String, i64, String, i64, i64, i64);
+type Row = (String, String, String, i64, String, i64, i64, i64, i64);
 
 fn from_row(
-    (room_id, room_version, creator, last_seq, extremities, max_depth, published, floor_seq): Row,
+    (room_id, room_version, creator, last_seq, extremities, max_depth, published, floor_seq, read_epoch): Row,
 ) -> RoomRow {
     RoomRow {
         floor_seq,
+        read_epoch,
         room_id,
         room_version,
         creator,
@@ -44,7 +48,7 @@ fn from_row(
 }
 
 const COLUMNS: &str =
-    "room_id, room_version, creator, last_seq, extremities, max_depth, published, floor_seq";
+    "room_id, room_version, creator, last_seq, extremities, max_depth, published, floor_seq, read_epoch";
 
 /// Loads a room inside a write transaction.
 pub async fn get_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Option<RoomRow>> {
@@ -98,15 +102,20 @@ pub async fn set_head(
     last_seq: i64,
     extremities: &[String],
     max_depth: i64,
+    state_changed: bool,
 ) -> Result<()> {
     let extremities = serde_json::to_string(extremities).map_err(|e| Error::Internal(e.to_string()))?;
-    sqlx::query("UPDATE rooms SET last_seq = $1, extremities = $2, max_depth = $3 WHERE room_id = $4")
-        .bind(last_seq)
-        .bind(extremities)
-        .bind(max_depth)
-        .bind(room_id)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE rooms SET last_seq = $1, extremities = $2, max_depth = $3, read_epoch = read_epoch + $4 \
+         WHERE room_id = $5",
+    )
+    .bind(last_seq)
+    .bind(extremities)
+    .bind(max_depth)
+    .bind(i64::from(state_changed))
+    .bind(room_id)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -129,10 +138,12 @@ pub async fn published(db: &Db) -> Result<Vec<String>> {
 
 /// Raises the room's floor (it never moves down).
 pub async fn raise_floor(db: &Db, room_id: &str, floor_seq: i64) -> Result<()> {
-    sqlx::query("UPDATE rooms SET floor_seq = $1 WHERE room_id = $2 AND floor_seq < $1")
-        .bind(floor_seq)
-        .bind(room_id)
-        .execute(&db.pool)
-        .await?;
+    sqlx::query(
+        "UPDATE rooms SET floor_seq = $1, read_epoch = read_epoch + 1 WHERE room_id = $2 AND floor_seq < $1",
+    )
+    .bind(floor_seq)
+    .bind(room_id)
+    .execute(&db.pool)
+    .await?;
     Ok(())
 }

@@ -1,0 +1,124 @@
+//! The slowly changing inputs of [`super::read::access`], kept between
+//! requests: a room's history-visibility line and retention setting, and per
+//! user their membership changes, membership ranges and own floor.
+//!
+//! They change only when the room's `read_epoch` moves (a state event, a
+//! purge, a user's floor), and every request reads that epoch with the room's
+//! row, so an entry is used only while its epoch is the row's. That holds
+//! across processes sharing one PostgreSQL too: nothing here needs to be told
+//! of a change, a stale entry is simply never matched again. What depends on
+//! the head (`last_seq`, open stays reaching it) is worked out per request from
+//! these inputs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::read::MembershipHistory;
+use super::visibility::HvLine;
+use crate::storage::memberships::Range;
+
+/// Rooms kept before the whole map is dropped and refilled on demand.
+const MAX_ROOMS: usize = 10_000;
+/// Users kept per room before that room's map is dropped.
+const MAX_USERS_PER_ROOM: usize = 50_000;
+
+/// A room's inputs at one read epoch.
+#[derive(Debug)]
+pub struct RoomInputs {
+    epoch: i64,
+    /// History visibility along the seq line.
+    pub hv: HvLine,
+    /// `m.room.retention`'s `max_lifetime` in force, if any.
+    pub max_lifetime: Option<i64>,
+    users: Mutex<HashMap<String, Arc<UserInputs>>>,
+}
+
+/// One user's inputs in a room at the room's read epoch.
+#[derive(Debug, Clone)]
+pub struct UserInputs {
+    /// Their membership changes.
+    pub history: MembershipHistory,
+    /// Their membership ranges.
+    pub stays: Vec<Range>,
+    /// Their own floor (0 when none).
+    pub floor: i64,
+}
+
+/// The cache itself (one per server process).
+#[derive(Debug, Default)]
+pub struct ReadCache {
+    rooms: Mutex<HashMap<String, Arc<RoomInputs>>>,
+}
+
+impl ReadCache {
+    /// The room's inputs, if they were worked out at `epoch`.
+    pub fn room(&self, room_id: &str, epoch: i64) -> Option<Arc<RoomInputs>> {
+        let rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
+        rooms.get(room_id).filter(|r| r.epoch == epoch).cloned()
+    }
+
+    /// Keeps inputs worked out at `epoch` (unless newer ones are already kept).
+    pub fn put_room(
+        &self,
+        room_id: &str,
+        epoch: i64,
+        hv: HvLine,
+        max_lifetime: Option<i64>,
+    ) -> Arc<RoomInputs> {
+        let fresh = Arc::new(RoomInputs { epoch, hv, max_lifetime, users: Mutex::default() });
+        let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = rooms.get(room_id)
+            && kept.epoch >= epoch
+        {
+            return if kept.epoch == epoch { kept.clone() } else { fresh };
+        }
+        if rooms.len() >= MAX_ROOMS {
+            rooms.clear();
+        }
+        rooms.insert(room_id.to_owned(), fresh.clone());
+        fresh
+    }
+}
+
+impl RoomInputs {
+    /// A user's inputs, if kept.
+    pub fn user(&self, user_id: &str) -> Option<Arc<UserInputs>> {
+        self.users.lock().unwrap_or_else(PoisonError::into_inner).get(user_id).cloned()
+    }
+
+    /// Keeps a user's inputs.
+    pub fn put_user(&self, user_id: &str, inputs: UserInputs) -> Arc<UserInputs> {
+        let inputs = Arc::new(inputs);
+        let mut users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
+        if users.len() >= MAX_USERS_PER_ROOM {
+            users.clear();
+        }
+        users.insert(user_id.to_owned(), inputs.clone());
+        inputs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_serves_only_its_own_epoch() {
+        let cache = ReadCache::default();
+        assert!(cache.room("!r", 3).is_none());
+        let kept = cache.put_room("!r", 3, HvLine::default(), Some(10));
+        kept.put_user(
+            "@a",
+            UserInputs { history: MembershipHistory::default(), stays: Vec::new(), floor: 7 },
+        );
+        let again = cache.room("!r", 3).expect("kept");
+        assert_eq!(again.max_lifetime, Some(10));
+        assert_eq!(again.user("@a").map(|u| u.floor), Some(7));
+        assert!(cache.room("!r", 4).is_none(), "a moved epoch never matches");
+        // An older epoch arriving late does not replace the newer one.
+        cache.put_room("!r", 5, HvLine::default(), None);
+        cache.put_room("!r", 4, HvLine::default(), Some(1));
+        assert!(cache.room("!r", 4).is_none());
+        assert_eq!(cache.room("!r", 5).map(|r| r.max_lifetime), Some(None));
+    }
+}
