@@ -3,7 +3,7 @@
 //! and `unsigned` with `age`, `membership`, `transaction_id` (for the sending
 //! device only) and `redacted_because`.
 
-use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue, redact_content_in_place};
+use ruma::canonical_json::{CanonicalJsonObject, redact_content_in_place};
 use ruma::room_version_rules::RoomVersionRules;
 use serde_json::{Map, Value, json};
 
@@ -29,15 +29,15 @@ pub fn client_event(
     redaction: Option<&Pdu>,
     viewer: Option<Viewer<'_>>,
 ) -> Value {
-    let mut content: CanonicalJsonObject = match pdu.json.get("content") {
-        Some(CanonicalJsonValue::Object(c)) => c.clone(),
-        _ => CanonicalJsonObject::new(),
-    };
-    if redaction.is_some() {
+    let content: Value = if redaction.is_some() {
+        let mut content: CanonicalJsonObject = serde_json::from_str(pdu.content.get()).unwrap_or_default();
         redact_content_in_place(&mut content, &rules.redaction, pdu.kind.to_string());
-    }
+        serde_json::to_value(&content).unwrap_or_else(|_| json!({}))
+    } else {
+        serde_json::from_str(pdu.content.get()).unwrap_or_else(|_| json!({}))
+    };
     let mut event = Map::new();
-    event.insert("content".into(), serde_json::to_value(&content).unwrap_or_else(|_| json!({})));
+    event.insert("content".into(), content);
     event.insert("event_id".into(), json!(pdu.event_id));
     event.insert("origin_server_ts".into(), json!(pdu.origin_server_ts));
     event.insert("room_id".into(), json!(stored.room_id));

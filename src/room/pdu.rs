@@ -4,6 +4,8 @@
 //! Every event seqline creates is a real, signed PDU of its room's version, so
 //! that federation can take it as it is.
 
+use std::sync::Arc;
+
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
 use ruma::events::TimelineEventType;
 use ruma::room_version_rules::{EventIdFormatVersion, RoomVersionRules};
@@ -62,8 +64,9 @@ pub struct Pdu {
     pub redacts: Option<OwnedEventId>,
     /// Depth in the DAG.
     pub depth: u64,
-    /// The whole PDU as canonical JSON.
-    pub json: CanonicalJsonObject,
+    /// The whole PDU as canonical JSON text (parsed into an object only when
+    /// something needs the object: hashing, signing checks).
+    text: Arc<str>,
 }
 
 #[derive(Deserialize)]
@@ -90,15 +93,9 @@ struct RedactsInContent {
 }
 
 impl Pdu {
-    /// Parses a PDU whose event id is known.
-    pub fn from_canonical(event_id: OwnedEventId, json: CanonicalJsonObject) -> Result<Self> {
-        let value = serde_json::to_string(&json).map_err(|e| Error::Internal(format!("pdu json: {e}")))?;
-        Self::from_parts(event_id, &value, json)
-    }
-
-    fn from_parts(event_id: OwnedEventId, text: &str, json: CanonicalJsonObject) -> Result<Self> {
+    fn from_text(event_id: OwnedEventId, text: Arc<str>) -> Result<Self> {
         let fields: PduFields =
-            serde_json::from_str(text).map_err(|e| Error::Internal(format!("pdu fields: {e}")))?;
+            serde_json::from_str(&text).map_err(|e| Error::Internal(format!("pdu fields: {e}")))?;
         let redacts = match fields.redacts {
             Some(r) => Some(r),
             None if fields.kind == TimelineEventType::RoomRedaction => {
@@ -118,18 +115,21 @@ impl Pdu {
             auth_events: fields.auth_events,
             redacts,
             depth: fields.depth.into(),
-            json,
+            text,
         })
     }
 
-    /// Parses a stored PDU (its JSON text as kept in the `events` table):
-    /// the text is read twice (fields, canonical object), never re-serialised.
+    /// Parses a stored PDU (its canonical JSON text as kept in the `events`
+    /// table): only the fields are read, the text is kept as it is.
     pub fn from_stored(event_id: &str, json: &str) -> Result<Self> {
         let event_id =
             EventId::parse(event_id).map_err(|e| Error::Internal(format!("stored event id: {e}")))?;
-        let object: CanonicalJsonObject =
-            serde_json::from_str(json).map_err(|e| Error::Internal(format!("stored pdu: {e}")))?;
-        Self::from_parts(event_id, json, object)
+        Self::from_text(event_id, json.into())
+    }
+
+    /// The whole PDU as a canonical JSON object.
+    pub fn canonical(&self) -> Result<CanonicalJsonObject> {
+        serde_json::from_str(&self.text).map_err(|e| Error::Internal(format!("pdu json: {e}")))
     }
 
     /// Content deserialised as `T`.
@@ -139,7 +139,7 @@ impl Pdu {
 
     /// The PDU as JSON text, for storage.
     pub fn to_json_string(&self) -> String {
-        serde_json::to_string(&self.json).unwrap_or_default()
+        self.text.to_string()
     }
 }
 
@@ -241,8 +241,8 @@ pub fn build(
             ruma::signatures::JsonError::PduTooLarge => too_large(),
             other => Error::Internal(format!("signing failed: {other}")),
         })?;
-    let size = serde_json::to_string(&object).map(|s| s.len()).unwrap_or(usize::MAX);
-    if size > MAX_PDU_BYTES {
+    let text = serde_json::to_string(&object).map_err(|e| Error::Internal(format!("pdu json: {e}")))?;
+    if text.len() > MAX_PDU_BYTES {
         return Err(too_large());
     }
     let hash = ruma::signatures::reference_hash(&object, rules).map_err(|e| match e {
@@ -251,7 +251,7 @@ pub fn build(
     })?;
     let event_id =
         EventId::parse(format!("${hash}")).map_err(|e| Error::Internal(format!("event id: {e}")))?;
-    Pdu::from_canonical(event_id, object)
+    Pdu::from_text(event_id, text.into())
 }
 
 fn too_large() -> Error {
@@ -346,14 +346,14 @@ mod tests {
             )
             .unwrap();
             // The id is the URL-safe reference hash, and the signature verifies.
-            let hash = ruma::signatures::reference_hash(&pdu.json, &rules).unwrap();
+            let hash = ruma::signatures::reference_hash(&pdu.canonical().unwrap(), &rules).unwrap();
             assert_eq!(pdu.event_id.as_str(), format!("${hash}"));
             assert!(!hash.contains('+') && !hash.contains('/'));
             let mut keys = PublicKeySet::new();
             keys.insert(key.key_id(), ruma::serde::Base64::new(key.pair.public_key().to_vec()));
             let mut map = PublicKeyMap::new();
             map.insert("domain".into(), keys);
-            ruma::signatures::verify_event(&map, &pdu.json, &rules).unwrap();
+            ruma::signatures::verify_event(&map, &pdu.canonical().unwrap(), &rules).unwrap();
             assert_eq!(pdu.depth, 1);
         }
     }
