@@ -7,6 +7,8 @@
 use ruma::events::room::power_levels::RoomPowerLevels;
 use ruma::push::{Action, PushConditionRoomCtx, Ruleset};
 use ruma::serde::Raw;
+use std::sync::Arc;
+
 use ruma::{OwnedRoomId, UInt, UserId};
 use serde_json::Value;
 
@@ -15,20 +17,54 @@ use crate::error::{Error, Result};
 use crate::room::history::{self, Dir, EventFilter, PageRequest};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
-use crate::storage::{account_data, events};
+use crate::storage::account_data;
 
 /// The most unread events looked at per room; counts stop there.
 pub const MAX_COUNTED: usize = 1000;
 
 /// A user's rule set: what they stored, or the server defaults.
 pub async fn ruleset(state: &AppState, user: &UserId) -> Result<Ruleset> {
+    Ok(match stored_ruleset(state, user).await? {
+        Some(rules) => rules,
+        None => Ruleset::clone(&state.push_defaults.get(user)),
+    })
+}
+
+async fn stored_ruleset(state: &AppState, user: &UserId) -> Result<Option<Ruleset>> {
     match account_data::get(&state.db, user.as_str(), "", "m.push_rules").await? {
         Some(text) => {
             let value: Value = serde_json::from_str(&text).map_err(|e| Error::Internal(e.to_string()))?;
             serde_json::from_value(value["global"].clone())
+                .map(Some)
                 .map_err(|e| Error::Internal(format!("stored push rules: {e}")))
         }
-        None => Ok(default_ruleset(user)),
+        None => Ok(None),
+    }
+}
+
+/// Each user's default rule set, built once (it depends on nothing but the
+/// user id).
+#[derive(Debug, Default)]
+pub struct DefaultRules {
+    users: std::sync::Mutex<std::collections::HashMap<ruma::OwnedUserId, Arc<Ruleset>>>,
+}
+
+/// Default rule sets kept before the map is dropped and refilled on demand.
+const MAX_DEFAULT_RULESETS: usize = 10_000;
+
+impl DefaultRules {
+    /// The user's default rule set.
+    pub fn get(&self, user: &UserId) -> Arc<Ruleset> {
+        if let Some(rules) = self.users.lock().unwrap_or_else(|e| e.into_inner()).get(user) {
+            return rules.clone();
+        }
+        let rules = Arc::new(default_ruleset(user));
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        if users.len() >= MAX_DEFAULT_RULESETS {
+            users.clear();
+        }
+        users.insert(user.to_owned(), rules.clone());
+        rules
     }
 }
 
@@ -89,37 +125,29 @@ pub struct Outcome {
 
 /// Evaluates rules for events of one room for one user.
 pub struct Evaluator {
-    rules: Ruleset,
+    rules: Arc<Ruleset>,
     ctx: PushConditionRoomCtx,
 }
 
 impl Evaluator {
     /// Builds the room context (member count, display name, power levels).
     pub async fn new(state: &AppState, view: &RoomView, user: &UserId) -> Result<Self> {
-        let rules = ruleset(state, user).await?;
+        let rules = match stored_ruleset(state, user).await? {
+            Some(rules) => Arc::new(rules),
+            None => state.push_defaults.get(user),
+        };
         let room_id =
             OwnedRoomId::try_from(view.room.room_id.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
-        let counts = events::member_counts(&state.db, &view.room.room_id).await?;
-        let members =
-            counts.iter().find(|(m, _)| m == "join").map_or(0, |(_, n)| u64::try_from(*n).unwrap_or(0));
-        let mut display_name = user.localpart().to_owned();
-        if let Some(own) =
-            events::state_event(&state.db, &view.room.room_id, "m.room.member", user.as_str()).await?
-        {
-            let content: Value = crate::room::pdu::Pdu::from_stored(&own.event_id, &own.json)?
-                .content_as()
-                .unwrap_or_default();
-            if let Some(name) = content["displayname"].as_str() {
-                display_name = name.to_owned();
-            }
-        }
+        let members = read::member_summary(state, view).await?.joined;
+        let display_name =
+            read::display_name(state, view, user).await?.unwrap_or_else(|| user.localpart().to_owned());
         let mut ctx = PushConditionRoomCtx::new(
             room_id,
             UInt::try_from(members).unwrap_or_default(),
             user.to_owned(),
             display_name,
         );
-        let levels: RoomPowerLevels = crate::room::power::current(state, view).await?;
+        let levels: RoomPowerLevels = read::power_levels(state, view).await?;
         ctx.power_levels = Some(levels.into());
         Ok(Self { rules, ctx })
     }
@@ -138,20 +166,15 @@ impl Evaluator {
 
 /// The seq of the user's newest read receipt (public or private) in the room.
 pub async fn read_up_to(state: &AppState, room_id: &str, user: &UserId) -> Result<i64> {
-    let ids: Vec<String> = sqlx::query_scalar(
-        "SELECT event_id FROM receipts WHERE room_id = $1 AND user_id = $2 AND receipt_type IN ('m.read', 'm.read.private')",
+    let best: Option<i64> = sqlx::query_scalar(
+        "SELECT MAX(e.seq) FROM receipts r JOIN events e ON e.event_id = r.event_id \
+         WHERE r.room_id = $1 AND r.user_id = $2 AND r.receipt_type IN ('m.read', 'm.read.private')",
     )
     .bind(room_id)
     .bind(user.as_str())
-    .fetch_all(&state.db.pool)
+    .fetch_one(&state.db.pool)
     .await?;
-    let mut best = 0;
-    for id in ids {
-        if let Some(e) = events::by_id(&state.db, &id).await? {
-            best = best.max(e.seq);
-        }
-    }
-    Ok(best)
+    Ok(best.unwrap_or(0))
 }
 
 /// The readable events from others in `(after, upto]`, newest first, with

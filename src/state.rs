@@ -47,6 +47,8 @@ pub struct Services {
     pub write_queue: crate::room::timeline::WriteQueue,
     /// What deciding who may read what in a room needs, between requests.
     pub read_cache: crate::room::cache::ReadCache,
+    /// Default push rule sets, built once per user.
+    pub push_defaults: crate::notify::DefaultRules,
 }
 
 impl AppState {
@@ -78,6 +80,7 @@ impl AppState {
             tokens: crate::account::TokenCache::default(),
             write_queue: crate::room::timeline::WriteQueue::default(),
             read_cache: crate::room::cache::ReadCache::default(),
+            push_defaults: crate::notify::DefaultRules::default(),
         }))
     }
 }

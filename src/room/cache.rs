@@ -13,6 +13,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use ruma::events::room::power_levels::RoomPowerLevels;
+use tokio::sync::OnceCell;
+
 use super::read::MembershipHistory;
 use super::visibility::HvLine;
 use crate::storage::memberships::Range;
@@ -30,7 +33,25 @@ pub struct RoomInputs {
     pub hv: HvLine,
     /// `m.room.retention`'s `max_lifetime` in force, if any.
     pub max_lifetime: Option<i64>,
+    /// The current power levels, once asked for.
+    pub power: OnceCell<RoomPowerLevels>,
+    /// Member counts and heroes, once asked for.
+    pub members: OnceCell<MemberSummary>,
     users: Mutex<HashMap<String, Arc<UserInputs>>>,
+}
+
+/// What `/sync`'s room summary and push rules need of the members.
+#[derive(Debug, Clone, Default)]
+pub struct MemberSummary {
+    /// Joined members.
+    pub joined: i64,
+    /// Invited members.
+    pub invited: i64,
+    /// The room has an `m.room.name` or `m.room.canonical_alias`.
+    pub named: bool,
+    /// The first six joined or invited members by user id (heroes come from
+    /// these, the asking user left out).
+    pub first_members: Vec<String>,
 }
 
 /// One user's inputs in a room at the room's read epoch.
@@ -42,6 +63,8 @@ pub struct UserInputs {
     pub stays: Vec<Range>,
     /// Their own floor (0 when none).
     pub floor: i64,
+    /// The display name in their current member event, if any.
+    pub display_name: Option<String>,
 }
 
 /// The cache itself (one per server process).
@@ -65,7 +88,14 @@ impl ReadCache {
         hv: HvLine,
         max_lifetime: Option<i64>,
     ) -> Arc<RoomInputs> {
-        let fresh = Arc::new(RoomInputs { epoch, hv, max_lifetime, users: Mutex::default() });
+        let fresh = Arc::new(RoomInputs {
+            epoch,
+            hv,
+            max_lifetime,
+            power: OnceCell::new(),
+            members: OnceCell::new(),
+            users: Mutex::default(),
+        });
         let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(kept) = rooms.get(room_id)
             && kept.epoch >= epoch
@@ -109,7 +139,12 @@ mod tests {
         let kept = cache.put_room("!r", 3, HvLine::default(), Some(10));
         kept.put_user(
             "@a",
-            UserInputs { history: MembershipHistory::default(), stays: Vec::new(), floor: 7 },
+            UserInputs {
+                history: MembershipHistory::default(),
+                stays: Vec::new(),
+                floor: 7,
+                display_name: None,
+            },
         );
         let again = cache.room("!r", 3).expect("kept");
         assert_eq!(again.max_lifetime, Some(10));

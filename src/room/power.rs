@@ -13,6 +13,11 @@ use crate::storage::events;
 
 /// The room's current power levels, with v12 creators' infinite power.
 pub async fn current(state: &AppState, view: &RoomView) -> Result<RoomPowerLevels> {
+    super::read::power_levels(state, view).await
+}
+
+/// Reads the room's current power levels from its state.
+pub(super) async fn load(state: &AppState, view: &RoomView) -> Result<RoomPowerLevels> {
     let room_id = &view.room.room_id;
     let content = match events::state_event(&state.db, room_id, "m.room.power_levels", "").await? {
         Some(stored) => Pdu::from_stored(&stored.event_id, &stored.json)?

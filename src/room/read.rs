@@ -9,7 +9,9 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
-use super::cache::{RoomInputs, UserInputs};
+use ruma::events::room::power_levels::RoomPowerLevels;
+
+use super::cache::{MemberSummary, RoomInputs, UserInputs};
 use super::format::{Viewer, client_event};
 use super::pdu::Pdu;
 use super::visibility::{self, Hv, HvLine, Inputs, SeqRanges};
@@ -47,7 +49,12 @@ pub struct MembershipHistory {
 impl MembershipHistory {
     /// Loads the history.
     pub async fn load(state: &AppState, room_id: &RoomId, user_id: &UserId) -> Result<Self> {
-        Ok(Self { changes: events::membership_changes(&state.db, room_id.as_str(), user_id.as_str()).await? })
+        let changes = events::membership_changes(&state.db, room_id.as_str(), user_id.as_str()).await?;
+        Ok(Self::from_changes(&changes))
+    }
+
+    fn from_changes(changes: &[events::MemberChange]) -> Self {
+        Self { changes: changes.iter().map(|c| (c.seq, c.membership.clone())).collect() }
     }
 
     /// The membership in force after the event at `seq` ("leave" before any).
@@ -127,14 +134,46 @@ async fn user_inputs(
         return Ok(kept);
     }
     let room_id = view.room.room_id.as_str();
+    let changes = events::membership_changes(&state.db, room_id, user_id.as_str()).await?;
     let inputs = UserInputs {
-        history: MembershipHistory {
-            changes: events::membership_changes(&state.db, room_id, user_id.as_str()).await?,
-        },
+        history: MembershipHistory::from_changes(&changes),
+        display_name: changes.last().and_then(|c| c.display_name.clone()),
         stays: memberships::ranges(&state.db, room_id, user_id.as_str()).await?,
         floor: memberships::user_floor(&state.db, room_id, user_id.as_str()).await?,
     };
     Ok(room.put_user(user_id.as_str(), inputs))
+}
+
+/// The display name in the user's current member event of the room.
+pub async fn display_name(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<Option<String>> {
+    let room = room_inputs(state, view).await?;
+    Ok(user_inputs(state, view, &room, user_id).await?.display_name.clone())
+}
+
+/// The room's current power levels (kept while its read epoch stands still).
+pub async fn power_levels(state: &AppState, view: &RoomView) -> Result<RoomPowerLevels> {
+    let room = room_inputs(state, view).await?;
+    room.power.get_or_try_init(|| super::power::load(state, view)).await.cloned()
+}
+
+/// The room's member counts and first members (kept while its read epoch
+/// stands still).
+pub async fn member_summary(state: &AppState, view: &RoomView) -> Result<MemberSummary> {
+    let room = room_inputs(state, view).await?;
+    let load = || async {
+        let room_id = view.room.room_id.as_str();
+        let counts = events::member_counts(&state.db, room_id).await?;
+        let count = |m: &str| counts.iter().find(|(k, _)| k == m).map_or(0, |(_, n)| *n);
+        let named = events::state_event(&state.db, room_id, "m.room.name", "").await?.is_some()
+            || events::state_event(&state.db, room_id, "m.room.canonical_alias", "").await?.is_some();
+        Ok::<_, Error>(MemberSummary {
+            joined: count("join"),
+            invited: count("invite"),
+            named,
+            first_members: events::some_members(&state.db, room_id, 6).await?,
+        })
+    };
+    room.members.get_or_try_init(load).await.cloned()
 }
 
 /// The floor below which nothing is returned: the room's own, the user's own,

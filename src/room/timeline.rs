@@ -432,7 +432,21 @@ impl Committed {
 #[derive(Default)]
 pub struct WriteQueue {
     rooms: std::sync::Mutex<HashMap<OwnedRoomId, Arc<RoomSlot>>>,
+    /// The state the last writer of a room loaded, kept while the room has
+    /// no slot (between bursts of writes), so the next writer need not load
+    /// it again if the head has not moved.
+    idle: std::sync::Mutex<IdleCaches>,
 }
+
+#[derive(Default)]
+struct IdleCaches {
+    rooms: HashMap<OwnedRoomId, StateCache>,
+    /// State entries held over all rooms.
+    entries: usize,
+}
+
+/// Idle state caches hold at most this many state entries in all.
+const MAX_IDLE_STATE: usize = 20_000;
 
 impl std::fmt::Debug for WriteQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -458,17 +472,40 @@ struct Job {
 impl WriteQueue {
     fn slot(&self, room_id: &RoomId) -> Arc<RoomSlot> {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        rooms.entry(room_id.to_owned()).or_default().clone()
+        rooms
+            .entry(room_id.to_owned())
+            .or_insert_with(|| {
+                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let cache = idle.rooms.remove(room_id).unwrap_or_default();
+                idle.entries -= cache.state.len();
+                Arc::new(RoomSlot { writing: tokio::sync::Mutex::new(cache), pending: Default::default() })
+            })
+            .clone()
     }
 
     /// Forgets a room's slot once nobody else holds it (so rooms that are
-    /// written to rarely, or do not exist, take no memory).
+    /// written to rarely, or do not exist, hold no slot), keeping the state
+    /// its writer loaded among the idle caches.
     fn release(&self, room_id: &RoomId, slot: Arc<RoomSlot>) {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
         // The map's reference and ours: no request holds it, and none can
         // take it without this lock.
         if Arc::strong_count(&slot) == 2 {
             rooms.remove(room_id);
+            let Ok(mut cache) = slot.writing.try_lock() else { return };
+            let cache = std::mem::take(&mut *cache);
+            if cache.state.is_empty() {
+                return;
+            }
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.entries + cache.state.len() > MAX_IDLE_STATE {
+                idle.rooms.clear();
+                idle.entries = 0;
+            }
+            idle.entries += cache.state.len();
+            if let Some(old) = idle.rooms.insert(room_id.to_owned(), cache) {
+                idle.entries -= old.state.len();
+            }
         }
     }
 }

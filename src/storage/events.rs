@@ -234,7 +234,7 @@ pub async fn current_membership(db: &Db, room_id: &str, user_id: &str) -> Result
 }
 
 /// Every membership change of one user in one room: (seq, membership), in order.
-pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<(i64, String)>> {
+pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<MemberChange>> {
     let rows: Vec<(i64, String)> = sqlx::query_as(
         "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = 'm.room.member' AND state_key = $2 ORDER BY seq",
     )
@@ -245,13 +245,26 @@ pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result
     Ok(rows
         .into_iter()
         .map(|(seq, json)| {
-            let membership = serde_json::from_str::<serde_json::Value>(&json)
-                .ok()
-                .and_then(|v| v["content"]["membership"].as_str().map(str::to_owned))
-                .unwrap_or_else(|| "leave".to_owned());
-            (seq, membership)
+            let value = serde_json::from_str::<serde_json::Value>(&json).unwrap_or_default();
+            let content = &value["content"];
+            MemberChange {
+                seq,
+                membership: content["membership"].as_str().unwrap_or("leave").to_owned(),
+                display_name: content["displayname"].as_str().map(str::to_owned),
+            }
         })
         .collect())
+}
+
+/// One of a user's member events, as far as reads need it.
+#[derive(Debug, Clone)]
+pub struct MemberChange {
+    /// Its seq.
+    pub seq: i64,
+    /// `content.membership`.
+    pub membership: String,
+    /// `content.displayname`.
+    pub display_name: Option<String>,
 }
 
 /// Every event of one state type and key in a room: (seq, PDU json), in seq order.

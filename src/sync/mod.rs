@@ -541,20 +541,12 @@ async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<
 
 /// `summary`: heroes and member counts, from the current-state index.
 async fn summary(state: &AppState, view: &RoomView, me: &UserId) -> Result<Value> {
-    let room_id = view.room.room_id.as_str();
-    let counts = events::member_counts(&state.db, room_id).await?;
-    let count = |m: &str| counts.iter().find(|(k, _)| k == m).map_or(0, |(_, n)| *n);
+    let members = read::member_summary(state, view).await?;
     let mut summary =
-        json!({ "m.joined_member_count": count("join"), "m.invited_member_count": count("invite") });
-    let named = events::state_event(&state.db, room_id, "m.room.name", "").await?.is_some()
-        || events::state_event(&state.db, room_id, "m.room.canonical_alias", "").await?.is_some();
-    if !named {
-        let mut heroes: Vec<String> = events::some_members(&state.db, room_id, 6)
-            .await?
-            .into_iter()
-            .filter(|u| u != me.as_str())
-            .collect();
-        heroes.truncate(5);
+        json!({ "m.joined_member_count": members.joined, "m.invited_member_count": members.invited });
+    if !members.named {
+        let heroes: Vec<&String> =
+            members.first_members.iter().filter(|u| *u != me.as_str()).take(5).collect();
         summary["m.heroes"] = json!(heroes);
     }
     Ok(summary)
