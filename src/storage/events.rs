@@ -322,7 +322,8 @@ pub async fn range(
 /// The room's state as of seq `at` (each key's latest event at or below it).
 /// Driven by the room's state keys (every key ever set is in `room_state`),
 /// one index seek each: the cost follows the size of the state, not the
-/// length of the timeline.
+/// length of the timeline. (Written as `seq IN (...)` rather than a join:
+/// SQLite planned the join as a walk over every event of the room.)
 pub async fn state_at(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent>> {
     state_at_where(db, room_id, at, "").await
 }
@@ -334,11 +335,10 @@ pub async fn state_at_without_members(db: &Db, room_id: &str, at: i64) -> Result
 
 async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<Vec<StoredEvent>> {
     let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM room_state s JOIN events e \
-           ON e.room_id = s.room_id AND e.event_type = s.event_type AND e.state_key = s.state_key \
-         WHERE s.room_id = $1 {extra} AND e.seq = \
-           (SELECT MAX(x.seq) FROM events x WHERE x.room_id = s.room_id AND x.event_type = s.event_type \
-              AND x.state_key = s.state_key AND x.seq <= $2) \
+        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq IN \
+           (SELECT (SELECT MAX(x.seq) FROM events x WHERE x.room_id = s.room_id \
+                      AND x.event_type = s.event_type AND x.state_key = s.state_key AND x.seq <= $2) \
+            FROM room_state s WHERE s.room_id = $1 {extra}) \
          ORDER BY e.seq"
     )))
     .bind(room_id)
