@@ -881,6 +881,30 @@ async fn initial_syncs(hs: &Hs, users: &[User], room: &str, key: &str, report: &
     Ok(())
 }
 
+/// Incremental /sync (lazy members) of `user` from `since`, long before the
+/// room's head: a limited timeline whose state covers the whole gap.
+async fn gap_syncs(
+    hs: &Hs,
+    user: &User,
+    room: &str,
+    since: &str,
+    samples: usize,
+    key: &str,
+    report: &mut Report,
+) -> Res<()> {
+    let mut lat = Vec::new();
+    for _ in 0..samples.max(1) {
+        let t = Instant::now();
+        let (v, _) = hs.sync(user, Some(LAZY), Some(since), Some(0)).await?;
+        lat.push(ms(t.elapsed()));
+        if v["rooms"]["join"][room]["timeline"]["limited"] != Value::Bool(true) {
+            return err(format!("{key}: the timeline after a long gap is not limited"));
+        }
+    }
+    report.lat(&format!("{key}.lazy"), &lat, &[50]);
+    Ok(())
+}
+
 fn timeline_has(v: &Value, room: &str, marker: &str) -> bool {
     v["rooms"]["join"][room]["timeline"]["events"]
         .as_array()
@@ -1087,6 +1111,12 @@ async fn growth(hs: &Hs, config: &Config, progress: &Progress, report: &mut Repo
     let syncers: Vec<User> = extra.chunks(per + 1).flat_map(|c| c[1..].iter().cloned()).collect();
     join_all(hs, config, &room, &cast.members, report).await?;
     join_all(hs, config, &room, &syncers, &mut Report::default()).await?;
+    // Ben's position before the fill: each size's gappy incremental sync
+    // starts from it, so its gap is the whole fill so far.
+    let (v, _) = hs.sync(&cast.ben, Some(LAZY), None, None).await?;
+    let Some(ben_since) = v["next_batch"].as_str().map(str::to_owned) else {
+        return err("initial /sync without next_batch");
+    };
     // createRoom's events, Ben, the members and the syncers.
     let mut events = 6 + 1 + cast.members.len() + syncers.len();
     let mut senders = vec![cast.creator.clone()];
@@ -1130,6 +1160,7 @@ async fn growth(hs: &Hs, config: &Config, progress: &Progress, report: &mut Repo
         report.push(&format!("growth.{size}.late_joiner_events"), n as f64, "events", Better::Info);
         let fresh = &extra[si * (per + 1) + 1..(si + 1) * (per + 1)];
         initial_syncs(hs, fresh, &room, &format!("growth.{size}.sync"), report).await?;
+        gap_syncs(hs, &cast.ben, &room, &ben_since, per, &format!("growth.{size}.sync_gap"), report).await?;
     }
     Ok(())
 }

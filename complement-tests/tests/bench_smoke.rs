@@ -63,6 +63,7 @@ async fn bench_runs_a_tiny_growth_series(backend: Backend) {
         "growth.60.events",
         "growth.60.messages_old_member.p50_ms",
         "growth.60.sync.lazy.bytes",
+        "growth.60.sync_gap.lazy.p50_ms",
     ] {
         positive(&report, key);
     }

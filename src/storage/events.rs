@@ -370,31 +370,23 @@ pub async fn state_event_at(
 }
 
 /// The state as of `at` restricted to keys that changed in `(after, at]`:
-/// what an incremental sync must send. Reads only the events in that stretch.
+/// what an incremental sync must send: each changed key's last event in that
+/// stretch. Walks only the stretch's state events (`events_state_changes`),
+/// never its messages, with one seek per change to see whether it is the last.
 pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) -> Result<Vec<StoredEvent>> {
     let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq > $2 AND e.seq <= $3 \
-           AND e.state_key IS NOT NULL ORDER BY e.seq"
+           AND e.state_key IS NOT NULL AND NOT EXISTS \
+           (SELECT 1 FROM events y WHERE y.room_id = e.room_id AND y.event_type = e.event_type \
+              AND y.state_key = e.state_key AND y.seq > e.seq AND y.seq <= $3) \
+         ORDER BY e.seq"
     )))
     .bind(room_id)
     .bind(after)
     .bind(at)
     .fetch_all(&db.pool)
     .await?;
-    // Keep each key's last change only.
-    let mut latest: std::collections::HashMap<(String, String), StoredEvent> =
-        std::collections::HashMap::new();
-    for e in rows.into_iter().map(from_row) {
-        let value: serde_json::Value = serde_json::from_str(&e.json).unwrap_or_default();
-        let key = (
-            value["type"].as_str().unwrap_or_default().to_owned(),
-            value["state_key"].as_str().unwrap_or_default().to_owned(),
-        );
-        latest.insert(key, e);
-    }
-    let mut out: Vec<StoredEvent> = latest.into_values().collect();
-    out.sort_by_key(|e| e.seq);
-    Ok(out)
+    Ok(rows.into_iter().map(from_row).collect())
 }
 
 /// Member counts of a room by membership.

@@ -86,6 +86,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (8, "media", include_str!("../../migrations/sqlite/0008_media.sql")),
     (9, "key_backup", include_str!("../../migrations/sqlite/0009_key_backup.sql")),
     (10, "read_epoch", include_str!("../../migrations/sqlite/0010_read_epoch.sql")),
+    (11, "state_changes", include_str!("../../migrations/sqlite/0011_state_changes.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -99,6 +100,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (8, "media", include_str!("../../migrations/postgres/0008_media.sql")),
     (9, "key_backup", include_str!("../../migrations/postgres/0009_key_backup.sql")),
     (10, "read_epoch", include_str!("../../migrations/postgres/0010_read_epoch.sql")),
+    (11, "state_changes", include_str!("../../migrations/postgres/0011_state_changes.sql")),
 ];
 
 impl Db {
