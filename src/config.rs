@@ -42,6 +42,35 @@ impl RegistrationMode {
     }
 }
 
+/// When an SQLite commit reaches the disk (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    /// Before it is answered: nothing acknowledged is lost to a power cut.
+    Full,
+    /// At the next checkpoint: faster; a power cut (not a crash of seqline)
+    /// can lose the last commits, also ones already answered.
+    Normal,
+}
+
+impl SqliteSynchronous {
+    fn parse(value: &str) -> Option<Self> {
+        match value {
+            "full" => Some(Self::Full),
+            "normal" => Some(Self::Normal),
+            _ => None,
+        }
+    }
+
+    /// The pragma's value.
+    pub fn as_pragma(self) -> &'static str {
+        match self {
+            Self::Full => "FULL",
+            Self::Normal => "NORMAL",
+        }
+    }
+}
+
 /// The whole configuration as written in the file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -54,6 +83,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `sqlite://...` or `postgres://...`; empty means SQLite in the data dir.
     pub database_url: String,
+    /// SQLite only: when a commit reaches the disk.
+    pub sqlite_synchronous: SqliteSynchronous,
     /// Path of the signing key file; empty means `<data_dir>/signing.key`.
     pub signing_key_path: String,
     /// tracing filter.
@@ -182,6 +213,7 @@ impl Default for Config {
             public_baseurl: String::new(),
             data_dir: PathBuf::from("./data"),
             database_url: String::new(),
+            sqlite_synchronous: SqliteSynchronous::Full,
             signing_key_path: String::new(),
             log: "info".into(),
             listen: Listen::default(),
@@ -237,6 +269,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// Database URL, resolved.
     pub database_url: String,
+    /// SQLite's `synchronous`.
+    pub sqlite_synchronous: SqliteSynchronous,
     /// Signing key file, resolved.
     pub signing_key_path: PathBuf,
     /// tracing filter.
@@ -308,6 +342,11 @@ impl Config {
         }
         if let Some(v) = env("SEQLINE_DATABASE_URL") {
             self.database_url = v;
+        }
+        if let Some(v) = env("SEQLINE_SQLITE_SYNCHRONOUS") {
+            self.sqlite_synchronous = SqliteSynchronous::parse(&v).ok_or_else(|| {
+                ConfigError(format!("SEQLINE_SQLITE_SYNCHRONOUS: {v:?} is not \"full\" or \"normal\""))
+            })?;
         }
         if let Some(v) = env("SEQLINE_SIGNING_KEY_PATH") {
             self.signing_key_path = v;
@@ -450,6 +489,7 @@ impl Config {
             public_baseurl,
             data_dir: self.data_dir,
             database_url,
+            sqlite_synchronous: self.sqlite_synchronous,
             signing_key_path,
             log: self.log,
             client_listen,
@@ -485,6 +525,7 @@ mod tests {
         assert_eq!(s.client_listen.to_string(), "127.0.0.1:8008");
         assert_eq!(s.public_baseurl, None);
         assert_eq!(s.database_url, "sqlite://./data/seqline.db");
+        assert_eq!(s.sqlite_synchronous, SqliteSynchronous::Full);
         assert_eq!(s.registration, RegistrationMode::Off);
     }
 
@@ -496,9 +537,11 @@ mod tests {
             "SEQLINE_REGISTRATION" => Some("token".to_owned()),
             "SEQLINE_REGISTRATION_TOKENS" => Some("a, b".to_owned()),
             "SEQLINE_RATE_LIMITS" => Some("off".to_owned()),
+            "SEQLINE_SQLITE_SYNCHRONOUS" => Some("normal".to_owned()),
             _ => None,
         };
         let s = Config::load(None, env).unwrap().validate().unwrap();
+        assert_eq!(s.sqlite_synchronous, SqliteSynchronous::Normal);
         assert_eq!(s.server_name.as_str(), "example.org");
         assert_eq!(s.client_listen.port(), 9000);
         assert_eq!(s.registration_tokens, vec!["a", "b"]);
@@ -521,5 +564,9 @@ mod tests {
         assert!(c.validate().unwrap_err().0.starts_with("registration.tokens"));
         let env = |k: &str| (k == "SEQLINE_REGISTRATION").then(|| "maybe".to_owned());
         assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_REGISTRATION"));
+        let env = |k: &str| (k == "SEQLINE_SQLITE_SYNCHRONOUS").then(|| "off".to_owned());
+        assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_SQLITE_SYNCHRONOUS"));
+        let err = Config::parse("sqlite_synchronous = \"off\"").unwrap_err();
+        assert!(err.0.starts_with("line 1"), "{err}");
     }
 }

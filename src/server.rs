@@ -18,7 +18,7 @@ pub async fn open(settings: Settings) -> Result<AppState> {
         Error::Internal(format!("data_dir {}: cannot create: {e}", settings.data_dir.display()))
     })?;
     let key = signing_key::load_or_generate(&settings.signing_key_path).map_err(Error::Internal)?;
-    let db = Db::connect(&settings.database_url).await?;
+    let db = Db::connect(&settings.database_url, settings.sqlite_synchronous).await?;
     let last_stream = crate::storage::account_data::max_stream(&db).await?;
     let pusher_users = crate::storage::account_data::pusher_users(&db).await?.into_iter().collect();
     Ok(AppState::new(settings, db, key, last_stream, pusher_users))
