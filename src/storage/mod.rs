@@ -92,17 +92,18 @@ fn spawn_checkpointer(pool: AnyPool, writer: Arc<tokio::sync::Mutex<()>>) -> Abo
             if pool.is_closed() {
                 return;
             }
-            let result = match checkpoint(&pool).await {
-                // Nothing written since the last complete checkpoint.
-                Ok((log, done)) if log == done && log == last_log => Ok((log, done)),
-                Ok(_) => {
-                    let _slot = writer.lock().await;
-                    checkpoint(&pool).await
+            let result = async {
+                let (log, done) = checkpoint(&pool).await?;
+                if log == done && log == last_log {
+                    // Nothing written since the last complete checkpoint.
+                    return Ok(log);
                 }
-                Err(e) => Err(e),
-            };
+                let _slot = writer.lock().await;
+                Ok::<_, sqlx::Error>(checkpoint(&pool).await?.0)
+            }
+            .await;
             match result {
-                Ok((log, _)) => last_log = log,
+                Ok(log) => last_log = log,
                 Err(_) if pool.is_closed() => return,
                 Err(e) => tracing::warn!("SQLite WAL checkpoint failed: {e}"),
             }
