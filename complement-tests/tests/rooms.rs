@@ -33,9 +33,9 @@ backend_tests!(
     power_levels_refuse_events_above_sender_level,
     v12_creator_is_above_every_event_level,
     redaction_strips_content_and_records_redacted_because,
-    redacting_unknown_or_foreign_event_is_not_found,
+    redacting_unknown_event_is_not_found_and_foreign_one_invalid,
     malformed_room_id_is_invalid_param,
-    unknown_room_is_not_found,
+    unknown_room_is_forbidden_like_a_room_one_is_not_in,
     oversized_content_is_too_large_and_not_stored,
     joined_rooms_lists_created_rooms_only_when_joined,
     joined_members_and_members_filters,
@@ -1037,7 +1037,7 @@ async fn redaction_strips_content_and_records_redacted_because(backend: Backend)
     assert!(topic["unsigned"]["redacted_because"]["content"].get("reason").is_none(), "{topic}");
 }
 
-async fn redacting_unknown_or_foreign_event_is_not_found(backend: Backend) {
+async fn redacting_unknown_event_is_not_found_and_foreign_one_invalid(backend: Backend) {
     let server = Server::start(&backend).await;
     let alice = server.register("alice", "pw").await;
     let room = create_room(&server, &alice, json!({})).await;
@@ -1051,7 +1051,7 @@ async fn redacting_unknown_or_foreign_event_is_not_found(backend: Backend) {
     assert_error(&response, 404, "M_NOT_FOUND", "redact an unknown event");
     let path = room_path(&room, &format!("/redact/{}/r2", enc(&elsewhere)));
     let response = server.put(&path, t, json!({ "reason": "x" })).await;
-    assert_error(&response, 404, "M_NOT_FOUND", "redact an event of another room");
+    assert_error(&response, 400, "M_INVALID_PARAM", "redact an event of another room");
 
     // The other room's event is untouched.
     let (status, event) = get_event(&server, &alice, &other_room, &elsewhere).await;
@@ -1076,20 +1076,32 @@ async fn malformed_room_id_is_invalid_param(backend: Backend) {
     assert!(joined_rooms(&server, &alice).await.is_empty());
 }
 
-async fn unknown_room_is_not_found(backend: Backend) {
+/// An unknown room answers like a room the caller is not in (403), so no
+/// answer tells which room ids exist; only a join says 404.
+async fn unknown_room_is_forbidden_like_a_room_one_is_not_in(backend: Backend) {
     let server = Server::start(&backend).await;
     let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
     let t = Some(alice.token.as_str());
+    let bobs = create_room(&server, &bob, json!({})).await;
 
-    for room in ["!doesnotexist:test.local", "!AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"] {
+    for room in ["!doesnotexist:test.local", "!AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", bobs.as_str()] {
         let response = send(&server, &alice, room, "m.room.message", "t1", text("x")).await;
-        assert_error(&response, 404, "M_NOT_FOUND", &format!("send to {room}"));
+        assert_error(&response, 403, "M_FORBIDDEN", &format!("send to {room}"));
         let response = put_state(&server, &alice, room, "m.room.topic", "", json!({ "topic": "x" })).await;
-        assert_error(&response, 404, "M_NOT_FOUND", &format!("put state in {room}"));
+        assert_error(&response, 403, "M_FORBIDDEN", &format!("put state in {room}"));
         let response = get_state(&server, &alice, room, "m.room.topic", "").await;
-        assert_error(&response, 404, "M_NOT_FOUND", &format!("get state in {room}"));
+        assert_error(&response, 403, "M_FORBIDDEN", &format!("get state in {room}"));
         let response = server.get(&room_path(room, "/state"), t).await;
-        assert_error(&response, 404, "M_NOT_FOUND", &format!("/state of {room}"));
+        assert_error(&response, 403, "M_FORBIDDEN", &format!("/state of {room}"));
+        let response = server.get(&room_path(room, "/messages?dir=b"), t).await;
+        assert_error(&response, 403, "M_FORBIDDEN", &format!("/messages of {room}"));
+        let response = server.get(&room_path(room, "/members"), t).await;
+        assert_error(&response, 403, "M_FORBIDDEN", &format!("/members of {room}"));
+    }
+    for room in ["!doesnotexist:test.local", "!AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"] {
+        let response = server.post(&room_path(room, "/join"), t, json!({})).await;
+        assert_error(&response, 404, "M_NOT_FOUND", &format!("join {room}"));
     }
     assert!(joined_rooms(&server, &alice).await.is_empty());
 }

@@ -46,7 +46,7 @@ pub fn client_event(
     if let Some(state_key) = &pdu.state_key {
         event.insert("state_key".into(), json!(state_key));
     }
-    if let Some(redacts) = &pdu.redacts {
+    if let Some(redacts) = pdu.redaction_target(&rules.redaction) {
         event.insert("redacts".into(), json!(redacts));
     }
     let mut unsigned = Map::new();

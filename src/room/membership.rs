@@ -17,7 +17,7 @@ use crate::storage::users;
 pub struct Change {
     /// Whose membership changes.
     pub target: OwnedUserId,
-    /// `join`, `invite`, `leave`, `ban`.
+    /// `join`, `invite`, `leave`, `ban`, `knock`.
     pub membership: &'static str,
     /// Optional reason.
     pub reason: Option<String>,
@@ -44,7 +44,7 @@ async fn content(state: &AppState, change: &Change) -> Result<CanonicalJsonObjec
     if let Some(reason) = &change.reason {
         content.insert("reason".into(), CanonicalJsonValue::String(reason.clone()));
     }
-    if matches!(change.membership, "join" | "invite") {
+    if matches!(change.membership, "join" | "invite" | "knock") {
         for (field, value) in crate::account::profile::member_fields(state, &change.target).await? {
             content.insert(field, value);
         }

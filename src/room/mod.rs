@@ -10,10 +10,12 @@ pub mod create;
 pub mod directory;
 pub mod format;
 pub mod history;
+pub mod joins;
 pub mod membership;
 pub mod pdu;
 pub mod power;
 pub mod read;
+pub mod redaction;
 pub mod timeline;
 pub mod visibility;
 

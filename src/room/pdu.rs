@@ -60,8 +60,13 @@ pub struct Pdu {
     pub prev_events: Vec<OwnedEventId>,
     /// Auth events.
     pub auth_events: Vec<OwnedEventId>,
-    /// Redaction target, wherever the room version puts it.
+    /// Redaction target, wherever the room version puts it (what the auth
+    /// rules read; which of the two places counts is [`Pdu::redaction_target`]).
     pub redacts: Option<OwnedEventId>,
+    /// `content.redacts` of a redaction (where room version 11+ reads it).
+    redacts_in_content: Option<OwnedEventId>,
+    /// The top-level `redacts` (where versions before 11 read it).
+    redacts_top_level: Option<OwnedEventId>,
     /// Depth in the DAG.
     pub depth: u64,
     /// The whole PDU as canonical JSON text (parsed into an object only when
@@ -96,13 +101,12 @@ impl Pdu {
     fn from_text(event_id: OwnedEventId, text: Arc<str>) -> Result<Self> {
         let fields: PduFields =
             serde_json::from_str(&text).map_err(|e| Error::Internal(format!("pdu fields: {e}")))?;
-        let redacts = match fields.redacts {
-            Some(r) => Some(r),
-            None if fields.kind == TimelineEventType::RoomRedaction => {
-                serde_json::from_str::<RedactsInContent>(fields.content.get()).ok().and_then(|c| c.redacts)
-            }
-            None => None,
+        let redacts_in_content = if fields.kind == TimelineEventType::RoomRedaction {
+            serde_json::from_str::<RedactsInContent>(fields.content.get()).ok().and_then(|c| c.redacts)
+        } else {
+            None
         };
+        let redacts = fields.redacts.clone().or_else(|| redacts_in_content.clone());
         Ok(Self {
             event_id,
             room_id: fields.room_id,
@@ -114,6 +118,8 @@ impl Pdu {
             prev_events: fields.prev_events,
             auth_events: fields.auth_events,
             redacts,
+            redacts_in_content,
+            redacts_top_level: fields.redacts,
             depth: fields.depth.into(),
             text,
         })
@@ -135,6 +141,23 @@ impl Pdu {
     /// Content deserialised as `T`.
     pub fn content_as<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
         serde_json::from_str(self.content.get()).ok()
+    }
+
+    /// The event a redaction names, where its room version puts it: inside
+    /// `content` from room version 11 on, at the top level before. `None` for
+    /// other events and for a redaction that names nothing in that place.
+    pub fn redaction_target(
+        &self,
+        rules: &ruma::room_version_rules::RedactionRules,
+    ) -> Option<&OwnedEventId> {
+        if self.kind != TimelineEventType::RoomRedaction {
+            return None;
+        }
+        if rules.content_field_redacts {
+            self.redacts_in_content.as_ref()
+        } else {
+            self.redacts_top_level.as_ref()
+        }
     }
 
     /// The PDU as JSON text, for storage.

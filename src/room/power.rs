@@ -3,6 +3,7 @@
 
 use ruma::OwnedUserId;
 use ruma::events::room::power_levels::{RoomPowerLevels, RoomPowerLevelsEventContent, RoomPowerLevelsSource};
+use ruma::room_version_rules::RoomVersionRules;
 use serde_json::Value;
 
 use super::pdu::Pdu;
@@ -19,21 +20,42 @@ pub async fn current(state: &AppState, view: &RoomView) -> Result<RoomPowerLevel
 /// Reads the room's current power levels from its state.
 pub(super) async fn load(state: &AppState, view: &RoomView) -> Result<RoomPowerLevels> {
     let room_id = &view.room.room_id;
-    let content = match events::state_event(&state.db, room_id, "m.room.power_levels", "").await? {
-        Some(stored) => Pdu::from_stored(&stored.event_id, &stored.json)?
+    let power = match events::state_event(&state.db, room_id, "m.room.power_levels", "").await? {
+        Some(stored) => Some(Pdu::from_stored(&stored.event_id, &stored.json)?),
+        None => None,
+    };
+    let create = match events::state_event(&state.db, room_id, "m.room.create", "").await? {
+        Some(stored) => Some(Pdu::from_stored(&stored.event_id, &stored.json)?),
+        None => None,
+    };
+    let creator =
+        OwnedUserId::try_from(view.room.creator.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
+    from_state(&view.rules, power.as_ref(), create.as_ref(), creator)
+}
+
+/// Power levels from the room's `m.room.power_levels` and `m.room.create`
+/// events (`creator` stands in for the create event's sender when it is not
+/// at hand): the v12 creators (the sender and `additional_creators`) have
+/// infinite power.
+pub fn from_state(
+    rules: &RoomVersionRules,
+    power_levels: Option<&Pdu>,
+    create: Option<&Pdu>,
+    creator: OwnedUserId,
+) -> Result<RoomPowerLevels> {
+    let content = match power_levels {
+        Some(pdu) => pdu
             .content_as::<RoomPowerLevelsEventContent>()
             .ok_or_else(|| Error::Internal("stored power levels do not parse".into()))?,
-        None => RoomPowerLevelsEventContent::new(&view.rules.authorization),
+        None => RoomPowerLevelsEventContent::new(&rules.authorization),
     };
-    let mut creators =
-        vec![OwnedUserId::try_from(view.room.creator.as_str()).map_err(|e| Error::Internal(e.to_string()))?];
-    if let Some(create) = events::state_event(&state.db, room_id, "m.room.create", "").await? {
-        let content: Value =
-            Pdu::from_stored(&create.event_id, &create.json)?.content_as().unwrap_or_default();
+    let mut creators = vec![create.map_or(creator, |c| c.sender.clone())];
+    if let Some(create) = create {
+        let content: Value = create.content_as().unwrap_or_default();
         if let Some(list) = content["additional_creators"].as_array() {
             creators
                 .extend(list.iter().filter_map(Value::as_str).filter_map(|s| OwnedUserId::try_from(s).ok()));
         }
     }
-    Ok(RoomPowerLevels::new(RoomPowerLevelsSource::Original(content), &view.rules.authorization, creators))
+    Ok(RoomPowerLevels::new(RoomPowerLevelsSource::Original(content), &rules.authorization, creators))
 }

@@ -31,11 +31,15 @@ pub struct RoomView {
     pub rules: RoomVersionRules,
 }
 
-/// Opens a room; an unknown room is 404.
+/// The answer for a room the caller is not in, and for a room that does not
+/// exist: the same, so that no answer tells which room ids exist.
+pub fn not_a_member() -> Error {
+    Error::Forbidden("You are not a member of this room".into())
+}
+
+/// Opens a room; an unknown room is the 403 of [`not_a_member`].
 pub async fn open(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
-    let room = rooms::get(&state.db, room_id.as_str())
-        .await?
-        .ok_or_else(|| Error::NotFound("Unknown room".into()))?;
+    let room = rooms::get(&state.db, room_id.as_str()).await?.ok_or_else(not_a_member)?;
     let (_, rules) = super::rules_for(&room.room_version)?;
     Ok(RoomView { room, rules })
 }
@@ -89,9 +93,9 @@ impl Access {
         self.history.current() == "join"
     }
 
-    /// Was ever joined or invited.
+    /// Was ever joined or invited (a knock alone makes no member).
     pub fn ever_member(&self) -> bool {
-        !self.stays.is_empty()
+        self.stays.iter().any(|r| r.kind != "knock")
     }
 
     /// The seq at which the user's view of the room's state ends: now for
@@ -296,7 +300,7 @@ pub async fn visible_state(
         // Anyone may look into a world-readable room (an invitee too).
         last
     } else {
-        return Err(Error::Forbidden("You are not a member of this room".into()));
+        return Err(not_a_member());
     };
     let at = at.map_or(horizon, |a| a.min(horizon));
     let stored = if at == last {

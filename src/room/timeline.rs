@@ -18,6 +18,10 @@ use crate::storage::events::{self, NewEvent, Txn};
 use crate::storage::{self, RoomTx, memberships, rooms};
 use crate::streams::Reservation;
 
+/// The memberships that have ranges: stays (`join`), invites and knocks
+/// (which let their holder read only the events that end them).
+const RANGE_KINDS: [&str; 3] = ["join", "invite", "knock"];
+
 /// The most queued appends one transaction takes.
 const MAX_BATCH: usize = 64;
 
@@ -77,12 +81,11 @@ pub struct RoomWriter {
 }
 
 impl RoomWriter {
-    /// Opens a write on an existing room; 404 if it does not exist.
+    /// Opens a write on an existing room; an unknown room is the same 403 as
+    /// a room the sender is not in (joins tell 404 before they get here).
     pub async fn open(state: &AppState, room_id: &RoomId) -> Result<Self> {
         let mut tx = state.db.begin_room_write(Some(room_id.as_str())).await?;
-        let room = rooms::get_tx(tx.conn(), room_id.as_str())
-            .await?
-            .ok_or_else(|| Error::NotFound("Unknown room".into()))?;
+        let room = rooms::get_tx(tx.conn(), room_id.as_str()).await?.ok_or_else(super::read::not_a_member)?;
         let (version, rules) = super::rules_for(&room.room_version)?;
         let extremities = room
             .extremities
@@ -174,6 +177,8 @@ impl RoomWriter {
         draft: &Draft,
         txn: Option<&ClientTxn>,
     ) -> Result<Appended> {
+        let prepared = super::joins::prepare(self, state, draft).await?;
+        let draft = prepared.as_ref().unwrap_or(draft);
         let sender = draft.sender.as_str();
         let content_raw = serde_json::value::to_raw_value(&draft.content)
             .map_err(|e| Error::Internal(format!("content: {e}")))?;
@@ -221,13 +226,19 @@ impl RoomWriter {
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
         };
         let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
+        let redacts = super::redaction::target(&self.rules, &pdu)?;
 
-        let allowed = authorize(
+        let mut allowed = authorize(
             &self.rules,
             &pdu,
             |id| self.by_id.get(id),
             |t, k| self.state.get(&(t.to_string(), k.to_owned())).and_then(Option::as_ref),
         );
+        if allowed.is_ok()
+            && let Some(target) = &redacts
+        {
+            allowed = self.check_redaction(&pdu, target).await?;
+        }
         // A repeated transaction answers with the event the first one made,
         // even if the sender could not send it now (they left since, say).
         // Checked by claiming the transaction id: no extra query when new.
@@ -275,7 +286,7 @@ impl RoomWriter {
         if let Some((target, old, new)) = &membership_change {
             self.update_ranges(target, old, new, seq).await?;
         }
-        if let Some(target) = &pdu.redacts {
+        if let Some(target) = &redacts {
             events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
         }
         self.reservations.push(reservation);
@@ -289,6 +300,28 @@ impl RoomWriter {
             self.state_changed = true;
         }
         Ok(Appended { pdu, seq, is_new: true })
+    }
+
+    /// Whether `redaction` may redact `target` (see [`super::redaction`]): the
+    /// outer error is a storage failure, the inner one the refusal.
+    async fn check_redaction(&mut self, redaction: &Pdu, target: &OwnedEventId) -> Result<Result<()>> {
+        let Some(stored) = events::by_id_tx(self.tx.conn(), target.as_str()).await? else {
+            return Ok(Err(Error::NotFound("The event to redact is not known".into())));
+        };
+        let target_pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
+        let power = self.power_levels().await?;
+        Ok(super::redaction::check(redaction, self.room_id.as_str(), &target_pdu, &stored.room_id, &power))
+    }
+
+    /// The room's power levels as this transaction sees them.
+    pub async fn power_levels(&mut self) -> Result<ruma::events::room::power_levels::RoomPowerLevels> {
+        let power_levels = self.state_event("m.room.power_levels", "").await?.cloned();
+        let create = self
+            .state_event("m.room.create", "")
+            .await?
+            .cloned()
+            .ok_or_else(|| Error::Internal("a room without a create event".into()))?;
+        super::power::from_state(&self.rules, power_levels.as_ref(), Some(&create), create.sender.clone())
     }
 
     /// The event an earlier request with this transaction made, if any.
@@ -306,12 +339,12 @@ impl RoomWriter {
     /// likewise; rows are closed, never deleted.
     async fn update_ranges(&mut self, user: &str, old: &str, new: &str, seq: i64) -> Result<()> {
         let room = self.room_id.to_string();
-        for kind in ["join", "invite"] {
+        for kind in RANGE_KINDS {
             if old == kind && new != kind {
                 memberships::close(self.tx.conn(), &room, user, kind, seq).await?;
             }
         }
-        if new != old && (new == "join" || new == "invite") {
+        if new != old && RANGE_KINDS.contains(&new) {
             let window = if new == "join" { self.prejoin_window().await? } else { 0 };
             memberships::open(self.tx.conn(), &room, user, new, seq, (seq - window).max(1)).await?;
             memberships::unforget(self.tx.conn(), user, &room).await?;

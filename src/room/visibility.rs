@@ -184,6 +184,13 @@ pub fn visible(inputs: &Inputs<'_>) -> SeqRanges {
                     }
                 }
             }
+            "knock" => {
+                // A knocker reads nothing of the room, only the event that
+                // answers the knock (an invite, a refusal) or withdraws it.
+                if let Some(end) = range.max_seq {
+                    parts.push((end, end));
+                }
+            }
             _ => {}
         }
     }

@@ -427,6 +427,30 @@ pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
     Ok(seq.unwrap_or(0))
 }
 
+/// A user's membership in a room now (`None`: never a member), inside a
+/// write transaction.
+pub async fn membership_tx(conn: &mut AnyConnection, room_id: &str, user_id: &str) -> Result<Option<String>> {
+    let row: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT membership FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' AND state_key = $2",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.flatten())
+}
+
+/// The users joined to the room now, inside a write transaction.
+pub async fn joined_members_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' \
+         AND membership = 'join' ORDER BY state_key",
+    )
+    .bind(room_id)
+    .fetch_all(conn)
+    .await?)
+}
+
 /// The users joined to the room now.
 pub async fn joined_members(db: &Db, room_id: &str) -> Result<Vec<String>> {
     let sql = db.joined_column(

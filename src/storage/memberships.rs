@@ -9,7 +9,7 @@ use crate::error::Result;
 /// One membership range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Range {
-    /// `join` (a stay) or `invite`.
+    /// `join` (a stay), `invite` or `knock`.
     pub kind: String,
     /// The event that started it.
     pub min_seq: i64,

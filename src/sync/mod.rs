@@ -165,6 +165,7 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
     let mut join = Map::new();
     let mut invite = Map::new();
     let mut leave = Map::new();
+    let mut knock = Map::new();
     let mut has_news = false;
 
     let mut room_data: Vec<(String, String, String)> = Vec::new();
@@ -218,8 +219,17 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
                     invite.insert(room_id, json!({ "invite_state": { "events": invite_state(state, &view, &me.user_id).await? } }));
                 }
             }
+            "knock" => {
+                let knock_seq =
+                    access.stays.iter().filter(|r| r.kind == "knock").map(|r| r.min_seq).max().unwrap_or(0);
+                if initial || knock_seq > since_seq {
+                    has_news = true;
+                    knock.insert(room_id, json!({ "knock_state": { "events": invite_state(state, &view, &me.user_id).await? } }));
+                }
+            }
             _ => {
-                // Left, kicked, banned, or an invite rejected/withdrawn.
+                // Left, kicked, banned, an invite rejected/withdrawn, or a
+                // knock refused/withdrawn.
                 let end = access.stays.iter().filter_map(|r| r.max_seq).max().unwrap_or(0);
                 let recent = !initial && end > since_seq;
                 let old_but_asked = (initial || req.full_state) && req.filter.include_leave;
@@ -266,7 +276,7 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
 
     let body = json!({
         "next_batch": now.to_token(),
-        "rooms": { "join": join, "invite": invite, "leave": leave, "knock": {} },
+        "rooms": { "join": join, "invite": invite, "leave": leave, "knock": knock },
         "account_data": { "events": global_data },
         "presence": { "events": presence },
         "to_device": { "events": to_device },
@@ -498,7 +508,8 @@ async fn left_room(
     Ok(room)
 }
 
-/// Stripped state for an invite: the room's identity and the invite itself.
+/// Stripped state for an invite or a knock: the room's identity, the
+/// user's own member event and its sender's.
 async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<Vec<Value>> {
     const TYPES: &[&str] = &[
         "m.room.create",

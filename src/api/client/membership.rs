@@ -2,6 +2,7 @@
 //! unban, forget, and seqline's bulk membership.
 
 use axum::Router;
+use ruma::api::client::knock::knock_room;
 use ruma::api::client::membership::invite_user::v3::InvitationRecipient;
 use ruma::api::client::membership::{
     ban_user, forget_room, invite_user, join_room_by_id, join_room_by_id_or_alias, kick_user, leave_room,
@@ -19,6 +20,7 @@ use crate::storage::{aliases, memberships};
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, join_by_id);
     let router = route(router, join_by_id_or_alias);
+    let router = route(router, knock);
     let router = route(router, leave);
     let router = route(router, invite);
     let router = route(router, kick);
@@ -27,20 +29,60 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     route(router, forget)
 }
 
+/// Joins or knocks: one's own membership change into a room that must exist
+/// (joining and knocking are how one finds out whether a room exists: 404
+/// when not, where every other room request answers 403).
+async fn join_or_knock(
+    state: &AppState,
+    room_id: &RoomId,
+    me: &crate::account::Requester,
+    membership: &'static str,
+    reason: Option<String>,
+) -> Result<()> {
+    if crate::storage::rooms::get(&state.db, room_id.as_str()).await?.is_none() {
+        return Err(Error::NotFound("Unknown room".into()));
+    }
+    membership::change(
+        state,
+        room_id,
+        &me.user_id,
+        Change { target: me.user_id.clone(), membership, reason },
+    )
+    .await?;
+    Ok(())
+}
+
 async fn join(
     state: &AppState,
     room_id: &RoomId,
     me: &crate::account::Requester,
     reason: Option<String>,
 ) -> Result<()> {
-    membership::change(
-        state,
-        room_id,
-        &me.user_id,
-        Change { target: me.user_id.clone(), membership: "join", reason },
-    )
-    .await?;
-    Ok(())
+    join_or_knock(state, room_id, me, "join", reason).await
+}
+
+/// A room id, or the room a local alias points to (404 when it points
+/// nowhere).
+async fn resolve(state: &AppState, target: &ruma::RoomOrAliasId) -> Result<OwnedRoomId> {
+    match <&RoomId>::try_from(target) {
+        Ok(id) => Ok(id.to_owned()),
+        Err(alias) => {
+            let (room_id, _) = aliases::get(&state.db, alias.as_str())
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("Room alias {alias} not found")))?;
+            OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))
+        }
+    }
+}
+
+/// Knocking (join rules `knock` and `knock_restricted`): asks the room's
+/// members to let one in; an invite accepts, a kick refuses, a leave
+/// withdraws.
+async fn knock(state: AppState, req: Ruma<knock_room::v3::Request>) -> Result<knock_room::v3::Response> {
+    let me = req.requester()?;
+    let room_id = resolve(&state, &req.body.room_id_or_alias).await?;
+    join_or_knock(&state, &room_id, me, "knock", req.body.reason.clone()).await?;
+    Ok(knock_room::v3::Response::new(room_id))
 }
 
 async fn join_by_id(
@@ -57,16 +99,7 @@ async fn join_by_id_or_alias(
     req: Ruma<join_room_by_id_or_alias::v3::Request>,
 ) -> Result<join_room_by_id_or_alias::v3::Response> {
     let me = req.requester()?;
-    let target = &req.body.room_id_or_alias;
-    let room_id: OwnedRoomId = match <&RoomId>::try_from(&**target) {
-        Ok(id) => id.to_owned(),
-        Err(alias) => {
-            let (room_id, _) = aliases::get(&state.db, alias.as_str())
-                .await?
-                .ok_or_else(|| Error::NotFound(format!("Room alias {alias} not found")))?;
-            OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))?
-        }
-    };
+    let room_id = resolve(&state, &req.body.room_id_or_alias).await?;
     join(&state, &room_id, me, req.body.reason.clone()).await?;
     Ok(join_room_by_id_or_alias::v3::Response::new(room_id))
 }
