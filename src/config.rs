@@ -154,11 +154,25 @@ impl Default for Voip {
 pub struct History {
     /// Power level a room member needs to purge the room's history.
     pub purge_power_level: i64,
+    /// The shortest `m.room.retention` `max_lifetime` honoured, in ms: a
+    /// shorter one counts as this (so a room setting cannot hide all history
+    /// at once).
+    pub retention_min_lifetime_ms: i64,
+    /// The longest `max_lifetime` honoured, in ms (0: no bound).
+    pub retention_max_lifetime_ms: i64,
 }
 
 impl Default for History {
     fn default() -> Self {
-        Self { purge_power_level: 100 }
+        Self { purge_power_level: 100, retention_min_lifetime_ms: 86_400_000, retention_max_lifetime_ms: 0 }
+    }
+}
+
+impl History {
+    /// The `max_lifetime` in force for a room that asks for `asked` ms.
+    pub fn clamp_lifetime(&self, asked: i64) -> i64 {
+        let max = if self.retention_max_lifetime_ms > 0 { self.retention_max_lifetime_ms } else { i64::MAX };
+        asked.clamp(self.retention_min_lifetime_ms, max.max(self.retention_min_lifetime_ms))
     }
 }
 
@@ -287,8 +301,8 @@ pub struct Settings {
     pub max_upload_bytes: usize,
     /// Rate limits.
     pub rate_limits: RateLimits,
-    /// Power level needed to purge a room's history.
-    pub purge_power_level: i64,
+    /// Power level needed to purge a room's history, retention bounds.
+    pub history: History,
     /// Whether presence is kept and sent.
     pub presence_enabled: bool,
     /// TURN settings.
@@ -386,6 +400,16 @@ impl Config {
         if let Some(v) = env("SEQLINE_TURN_SHARED_SECRET") {
             self.voip.turn_shared_secret = v;
         }
+        for (name, field) in [
+            ("SEQLINE_RETENTION_MIN_LIFETIME_MS", &mut self.history.retention_min_lifetime_ms),
+            ("SEQLINE_RETENTION_MAX_LIFETIME_MS", &mut self.history.retention_max_lifetime_ms),
+        ] {
+            if let Some(v) = env(name) {
+                *field = v
+                    .parse()
+                    .map_err(|_| ConfigError(format!("{name}: {v:?} is not a number of milliseconds")))?;
+            }
+        }
         if let Some(v) = env("SEQLINE_MAX_UPLOAD_BYTES") {
             self.limits.max_upload_bytes = v
                 .parse()
@@ -412,6 +436,9 @@ impl Config {
         })?;
         if self.data_dir.as_os_str().is_empty() {
             return Err(ConfigError("data_dir: must not be empty".into()));
+        }
+        if self.history.retention_min_lifetime_ms < 0 || self.history.retention_max_lifetime_ms < 0 {
+            return Err(ConfigError("history.retention_*_lifetime_ms: must not be negative".into()));
         }
         let database_url = if self.database_url.is_empty() {
             format!("sqlite://{}", self.data_dir.join("seqline.db").display())
@@ -498,7 +525,7 @@ impl Config {
             max_request_body_bytes: self.limits.max_request_body_bytes,
             max_upload_bytes: self.limits.max_upload_bytes,
             rate_limits: self.rate_limits,
-            purge_power_level: self.history.purge_power_level,
+            history: self.history,
             presence_enabled: self.presence.enabled,
             voip: self.voip,
         })

@@ -36,6 +36,7 @@ backend_tests!(
     redacting_unknown_event_is_not_found_and_foreign_one_invalid,
     malformed_room_id_is_invalid_param,
     unknown_room_is_forbidden_like_a_room_one_is_not_in,
+    initial_state_replaces_the_presets_event,
     oversized_content_is_too_large_and_not_stored,
     joined_rooms_lists_created_rooms_only_when_joined,
     joined_members_and_members_filters,
@@ -1185,4 +1186,33 @@ async fn joined_members_and_members_filters(backend: Backend) {
 
     let response = server.get(&room_path(&room, "/members"), Some(&bob.token)).await;
     assert_error(&response, 403, "M_FORBIDDEN", "members for an invitee");
+}
+
+/// An `initial_state` entry replaces the preset's event of the same type and
+/// state key: one `m.room.history_visibility` and one join rule, the caller's.
+async fn initial_state_replaces_the_presets_event(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let room = create_room(
+        &server,
+        &alice,
+        json!({ "preset": "public_chat", "initial_state": [
+            { "type": "m.room.history_visibility", "state_key": "", "content": { "history_visibility": "joined" } },
+            { "type": "m.room.join_rules", "content": { "join_rule": "invite" } },
+        ] }),
+    )
+    .await;
+    let (status, page) = server.get(&room_path(&room, "/messages?dir=f&limit=50"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{page}");
+    let of = |kind: &str| -> Vec<Value> {
+        page["chunk"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e["content"].clone())
+            .collect()
+    };
+    assert_eq!(of("m.room.history_visibility"), vec![json!({ "history_visibility": "joined" })], "{page}");
+    assert_eq!(of("m.room.join_rules"), vec![json!({ "join_rule": "invite" })], "{page}");
 }

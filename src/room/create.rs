@@ -228,6 +228,8 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
             "m.room.name": 50,
             "m.room.power_levels": 100,
             "m.room.history_visibility": 100,
+            "m.room.retention": 100,
+            "org.seqline.prejoin_window": 100,
             "m.room.canonical_alias": 50,
             "m.room.avatar": 50,
             "m.room.tombstone": if v12 { 150 } else { 100 },
@@ -256,33 +258,23 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
             .await?;
     }
 
-    // 5. The preset's events.
+    // 5. The preset's events, less those `initial_state` replaces (same type
+    // and state key): the room gets one of each, the caller's.
     let (join_rule, guest_access) = match req.preset {
         Preset::PrivateChat | Preset::TrustedPrivateChat => ("invite", Some("can_join")),
         Preset::PublicChat => ("public", None),
     };
-    writer
-        .append(
-            state,
-            &state_draft("m.room.join_rules", "", object(json!({ "join_rule": join_rule }))?),
-            None,
-        )
-        .await?;
-    writer
-        .append(
-            state,
-            &state_draft("m.room.history_visibility", "", object(json!({ "history_visibility": "shared" }))?),
-            None,
-        )
-        .await?;
+    let mut preset = vec![
+        ("m.room.join_rules", json!({ "join_rule": join_rule })),
+        ("m.room.history_visibility", json!({ "history_visibility": "shared" })),
+    ];
     if let Some(guest_access) = guest_access {
-        writer
-            .append(
-                state,
-                &state_draft("m.room.guest_access", "", object(json!({ "guest_access": guest_access }))?),
-                None,
-            )
-            .await?;
+        preset.push(("m.room.guest_access", json!({ "guest_access": guest_access })));
+    }
+    for (kind, content) in preset {
+        if !req.initial_state.iter().any(|(k, key, _)| k == kind && key.is_empty()) {
+            writer.append(state, &state_draft(kind, "", object(content)?), None).await?;
+        }
     }
 
     // 6. initial_state, in the order given.

@@ -120,7 +120,8 @@ async fn room_inputs(state: &AppState, view: &RoomView) -> Result<Arc<RoomInputs
         Some(stored) => Pdu::from_stored(&stored.event_id, &stored.json)?
             .content_as::<Value>()
             .and_then(|c| c["max_lifetime"].as_i64())
-            .filter(|m| *m > 0),
+            .filter(|m| *m > 0)
+            .map(|m| state.settings.history.clamp_lifetime(m)),
         None => None,
     };
     Ok(state.read_cache.put_room(room_id, view.room.read_epoch, hv, max_lifetime))

@@ -29,6 +29,12 @@ const MAX_BATCH: usize = 64;
 /// each later join also read the N events before it (never below a floor).
 pub const PREJOIN_WINDOW_TYPE: &str = "org.seqline.prejoin_window";
 
+/// State that decides what members may read besides the history
+/// visibility itself: each needs the level of `m.room.history_visibility`
+/// too, whatever the room's power levels say of its own type (the default
+/// `state_default` of 50 would let any moderator hide history for everyone).
+pub const READ_CONTROL_TYPES: [&str; 2] = ["m.room.retention", PREJOIN_WINDOW_TYPE];
+
 /// The largest pre-join window honoured.
 pub const MAX_PREJOIN_WINDOW: i64 = 100_000;
 
@@ -239,6 +245,9 @@ impl RoomWriter {
         {
             allowed = self.check_redaction(&pdu, target).await?;
         }
+        if allowed.is_ok() && draft.state_key.is_some() && READ_CONTROL_TYPES.contains(&draft.kind.as_str()) {
+            allowed = self.check_read_control(&pdu.sender).await?;
+        }
         // A repeated transaction answers with the event the first one made,
         // even if the sender could not send it now (they left since, say).
         // Checked by claiming the transaction id: no extra query when new.
@@ -311,6 +320,20 @@ impl RoomWriter {
         let target_pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
         let power = self.power_levels().await?;
         Ok(super::redaction::check(redaction, self.room_id.as_str(), &target_pdu, &stored.room_id, &power))
+    }
+
+    /// Whether `sender` may change read-control state (see
+    /// [`READ_CONTROL_TYPES`]): the outer error is a storage failure, the
+    /// inner one the refusal.
+    async fn check_read_control(&mut self, sender: &ruma::UserId) -> Result<Result<()>> {
+        let power = self.power_levels().await?;
+        Ok(if power.user_can_send_state(sender, StateEventType::RoomHistoryVisibility) {
+            Ok(())
+        } else {
+            Err(Error::Forbidden(
+                "Changing what members may read needs the power level of m.room.history_visibility".into(),
+            ))
+        })
     }
 
     /// The room's power levels as this transaction sees them.

@@ -71,7 +71,7 @@ async fn purge(
     let view = read::open(&state, &room_id).await?;
     if !me.is_admin {
         let levels = power::current(&state, &view).await?;
-        let needed = ruma::Int::new_saturating(state.settings.purge_power_level);
+        let needed = ruma::Int::new_saturating(state.settings.history.purge_power_level);
         let allowed = read::MembershipHistory::load(&state, &room_id, &me.user_id).await?.current() == "join"
             && levels.for_user(&me.user_id) >= UserPowerLevel::Int(needed);
         if !allowed {
