@@ -16,6 +16,7 @@ backend_tests!(
     bobs_user_signing_signature_joins_alices_own,
     keys_upload_takes_only_self_signed_keys,
     device_signing_upload_needs_the_master_signature,
+    replaced_keys_take_their_signatures_along,
 );
 
 /// One user's keys: their device's and their three cross-signing keys.
@@ -60,6 +61,23 @@ async fn set_up(server: &Server, user: &User) -> Identity {
         server.post(&format!("{V3}/keys/device_signing/upload"), Some(&user.token), body).await;
     assert_eq!(status, 200, "cross-signing keys of {}: {body}", user.user_id);
     id
+}
+
+/// Replaces cross-signing keys of `user` (password `pw`): the 401 challenge,
+/// then the password stage in its session.
+async fn replace_cross_signing(server: &Server, user: &User, mut body: Value) {
+    let path = format!("{V3}/keys/device_signing/upload");
+    let (status, challenge) = server.post(&path, Some(&user.token), body.clone()).await;
+    assert_eq!(status, 401, "a replacement takes UIA: {challenge}");
+    let localpart = user.user_id.trim_start_matches('@').split(':').next().unwrap_or_default();
+    body["auth"] = json!({
+        "type": "m.login.password",
+        "identifier": { "type": "m.id.user", "user": localpart },
+        "password": "pw",
+        "session": challenge["session"],
+    });
+    let (status, answer) = server.post(&path, Some(&user.token), body).await;
+    assert_eq!(status, 200, "{answer}");
 }
 
 async fn query(server: &Server, viewer: &User, target: &User) -> Value {
@@ -373,4 +391,58 @@ async fn device_signing_upload_needs_the_master_signature(backend: Backend) {
     assert_eq!(status, 401, "a replacement takes UIA: {challenge}");
     let q = query(&server, &bob, &alice).await;
     assert_eq!(q["self_signing_keys"][&a]["keys"], json!({ ssk.id(): ssk.public }), "{q}");
+}
+
+async fn replaced_keys_take_their_signatures_along(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let alice_id = set_up(&server, &alice).await;
+    let bob_id = set_up(&server, &bob).await;
+    let (a, d) = (alice.user_id.clone(), alice.device_id.clone());
+    let own = json!({ format!("ed25519:{d}"): device_keys(&a, &d, &alice_id.device)["signatures"][&a][format!("ed25519:{d}")] });
+
+    let mut device = device_keys(&a, &d, &alice_id.device);
+    alice_id.self_signing.sign(&mut device, &a, &alice_id.self_signing.id());
+    assert_eq!(
+        upload_signatures(&server, &alice, json!({ a.clone(): { d.clone(): device } })).await,
+        json!({})
+    );
+    let mut master = alice_id.master_key(&alice);
+    bob_id.user_signing.sign(&mut master, &bob.user_id, &bob_id.user_signing.id());
+    let body = json!({ a.clone(): { alice_id.master.public.clone(): master } });
+    assert_eq!(upload_signatures(&server, &bob, body).await, json!({}));
+
+    // Alice's new self-signing key: the old one's signature of her device goes.
+    let new_ssk = Key::new("alice/new self_signing");
+    let body = json!({ "self_signing_key": cross_signing_key(&a, "self_signing", &new_ssk, Some(&alice_id.master)) });
+    replace_cross_signing(&server, &alice, body).await;
+    let (device_sigs, master_sigs) = signatures_seen(&server, &bob, &alice).await;
+    assert_eq!(
+        device_sigs,
+        json!({ a.clone(): own.clone() }),
+        "the old self-signing key's signature is gone"
+    );
+    assert!(
+        master_sigs[&bob.user_id][bob_id.user_signing.id()].is_string(),
+        "bob's signature stays: {master_sigs}"
+    );
+    // The new key signs.
+    let mut device = device_keys(&a, &d, &alice_id.device);
+    new_ssk.sign(&mut device, &a, &new_ssk.id());
+    let by_new = device["signatures"][&a][new_ssk.id()].clone();
+    assert_eq!(
+        upload_signatures(&server, &alice, json!({ a.clone(): { d.clone(): device } })).await,
+        json!({})
+    );
+    let mut expected = own;
+    expected[new_ssk.id()] = by_new;
+    assert_eq!(signatures_seen(&server, &bob, &alice).await.0, json!({ a.clone(): expected }));
+
+    // Bob's new user-signing key: his old signature of Alice's master goes.
+    let new_usk = Key::new("bob/new user_signing");
+    let body = json!({ "user_signing_key": cross_signing_key(&bob.user_id, "user_signing", &new_usk, Some(&bob_id.master)) });
+    replace_cross_signing(&server, &bob, body).await;
+    let master_sigs = signatures_seen(&server, &bob, &alice).await.1;
+    assert_eq!(master_sigs.get(&bob.user_id), None, "{master_sigs}");
 }
