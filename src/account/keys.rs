@@ -239,6 +239,7 @@ pub async fn upload_cross_signing_keys(
         keep_signatures_of(&mut key, user, None);
         checked.push((kind, key, public));
     }
+    let has_master = keys::cross_signing_key(&state.db, user, "master").await?.is_some();
     let stored_master = stored_cross_signing_key(state, user, "master").await?;
     let master = checked
         .iter()
@@ -254,11 +255,10 @@ pub async fn upload_cross_signing_keys(
 
     // The first upload needs no UIA (there is nothing to take over yet);
     // replacing existing keys does.
-    let grant = match stored_master {
-        Some(_) => Some(
-            uia::authorize(state, uia::Purpose::DeleteDevices, Some(me), &[&[uia::PASSWORD]], auth).await?,
-        ),
-        None => None,
+    let grant = if has_master {
+        Some(uia::authorize(state, uia::Purpose::DeleteDevices, Some(me), &[&[uia::PASSWORD]], auth).await?)
+    } else {
+        None
     };
     for (kind, key, public) in &checked {
         if let Some((_, old)) = stored_cross_signing_key(state, user, kind).await?
@@ -278,12 +278,35 @@ pub async fn upload_cross_signing_keys(
 /// The outcome of [`upload_signatures`]: what was refused, per signed key.
 pub type SignatureFailures = Vec<(OwnedUserId, String, Error)>;
 
-/// The caller's own keys, loaded once per upload.
-struct SignerKeys {
+/// A user's stored keys, loaded once per upload: the signer's and each
+/// signed user's.
+struct UserKeys {
     master: Option<(Value, String)>,
     self_signing: Option<String>,
     user_signing: Option<String>,
     devices: Vec<(String, Value)>,
+}
+
+impl UserKeys {
+    async fn load(state: &AppState, user: &str) -> Result<Self> {
+        Ok(Self {
+            master: stored_cross_signing_key(state, user, "master").await?,
+            self_signing: stored_cross_signing_key(state, user, "self_signing").await?.map(|(_, p)| p),
+            user_signing: stored_cross_signing_key(state, user, "user_signing").await?.map(|(_, p)| p),
+            devices: keys::device_keys(&state.db, user)
+                .await?
+                .into_iter()
+                .map(|(d, text)| (d, serde_json::from_str(&text).unwrap_or_default()))
+                .collect(),
+        })
+    }
+
+    /// Whether `key_id` names one of these devices or cross-signing keys.
+    fn has(&self, key_id: &str) -> bool {
+        self.devices.iter().any(|(d, _)| d == key_id)
+            || [&self.self_signing, &self.user_signing].iter().any(|k| k.as_deref() == Some(key_id))
+            || self.master.as_ref().is_some_and(|(_, p)| p == key_id)
+    }
 }
 
 /// Verifies and stores uploaded signatures. A user may sign their own devices
@@ -297,24 +320,16 @@ pub async fn upload_signatures(
     signed: Vec<(OwnedUserId, Vec<(String, Value)>)>,
 ) -> Result<SignatureFailures> {
     let user = me.user_id.as_str();
-    let mine = SignerKeys {
-        master: stored_cross_signing_key(state, user, "master").await?,
-        self_signing: stored_cross_signing_key(state, user, "self_signing").await?.map(|(_, p)| p),
-        user_signing: stored_cross_signing_key(state, user, "user_signing").await?.map(|(_, p)| p),
-        devices: keys::device_keys(&state.db, user)
-            .await?
-            .into_iter()
-            .map(|(d, text)| (d, serde_json::from_str(&text).unwrap_or_default()))
-            .collect(),
-    };
+    let mine = UserKeys::load(state, user).await?;
     let mut failures = Vec::new();
     for (target, objects) in signed {
+        let theirs =
+            if target == me.user_id { None } else { Some(UserKeys::load(state, target.as_str()).await?) };
         let mut accepted = Vec::new();
         for (key_id, object) in objects {
-            let checked = if target == me.user_id {
-                own_signatures(&mine, user, &key_id, &object)
-            } else {
-                other_signature(state, &mine, user, &target, &key_id, &object).await
+            let checked = match &theirs {
+                None => own_signatures(&mine, user, &key_id, &object),
+                Some(theirs) => other_signature(&mine, user, theirs, &target, &key_id, &object),
             };
             match checked {
                 Ok(signatures) => accepted.extend(signatures),
@@ -341,7 +356,7 @@ fn same_key(uploaded: &Value, stored: &Value) -> Result<()> {
 
 /// Signatures of the caller's own device (by their self-signing key) or
 /// master key (by their devices).
-fn own_signatures(mine: &SignerKeys, user: &str, key_id: &str, object: &Value) -> Result<Vec<KeySignature>> {
+fn own_signatures(mine: &UserKeys, user: &str, key_id: &str, object: &Value) -> Result<Vec<KeySignature>> {
     if let Some((master, public)) = &mine.master
         && public == key_id
     {
@@ -395,24 +410,16 @@ fn own_signatures(mine: &SignerKeys, user: &str, key_id: &str, object: &Value) -
 }
 
 /// A signature of another user's master key by the caller's user-signing key.
-async fn other_signature(
-    state: &AppState,
-    mine: &SignerKeys,
+fn other_signature(
+    mine: &UserKeys,
     user: &str,
+    theirs: &UserKeys,
     target: &OwnedUserId,
     key_id: &str,
     object: &Value,
 ) -> Result<Vec<KeySignature>> {
-    let master = stored_cross_signing_key(state, target.as_str(), "master").await?;
-    let Some((master, _)) = master.filter(|(_, public)| public == key_id) else {
-        let known = keys::device_keys(&state.db, target.as_str()).await?.iter().any(|(d, _)| d == key_id)
-            || stored_cross_signing_key(state, target.as_str(), "self_signing")
-                .await?
-                .is_some_and(|(_, p)| p == key_id)
-            || stored_cross_signing_key(state, target.as_str(), "user_signing")
-                .await?
-                .is_some_and(|(_, p)| p == key_id);
-        return Err(if known {
+    let Some((master, _)) = theirs.master.as_ref().filter(|(_, public)| public == key_id) else {
+        return Err(if theirs.has(key_id) {
             Error::Forbidden("Of another user's keys only their master key can be signed".into())
         } else {
             Error::NotFound(format!("{target} has no master key {key_id}"))
@@ -422,7 +429,7 @@ async fn other_signature(
         .user_signing
         .as_deref()
         .ok_or_else(|| Error::NotFound("You have no user-signing key to sign other users with".into()))?;
-    same_key(object, &master)?;
+    same_key(object, master)?;
     let signer_key_id = format!("ed25519:{usk}");
     verify_signature(object, user, &signer_key_id, usk)?;
     let signature = object["signatures"][user][&signer_key_id].as_str().unwrap_or_default().to_owned();
