@@ -445,4 +445,28 @@ async fn replaced_keys_take_their_signatures_along(backend: Backend) {
     replace_cross_signing(&server, &bob, body).await;
     let master_sigs = signatures_seen(&server, &bob, &alice).await.1;
     assert_eq!(master_sigs.get(&bob.user_id), None, "{master_sigs}");
+
+    // A second device of Alice's signs her master key; deleting the device
+    // deletes its signature.
+    let phone = server.login("alice", "pw").await;
+    let phone_key = Key::new("alice/phone");
+    let keys = device_keys(&a, &phone.device_id, &phone_key);
+    let (status, body) =
+        server.post(&format!("{V3}/keys/upload"), Some(&phone.token), json!({ "device_keys": keys })).await;
+    assert_eq!(status, 200, "{body}");
+    let mut master = alice_id.master_key(&alice);
+    let phone_key_id = format!("ed25519:{}", phone.device_id);
+    phone_key.sign(&mut master, &a, &phone_key_id);
+    let body = json!({ a.clone(): { alice_id.master.public.clone(): master } });
+    assert_eq!(upload_signatures(&server, &phone, body).await, json!({}));
+    let master_sigs = signatures_seen(&server, &alice, &alice).await.1;
+    assert!(master_sigs[&a][&phone_key_id].is_string(), "{master_sigs}");
+    let body = json!({
+        "devices": [phone.device_id],
+        "auth": { "type": "m.login.password", "identifier": { "type": "m.id.user", "user": "alice" }, "password": "pw" },
+    });
+    let (status, answer) = server.post(&format!("{V3}/delete_devices"), Some(&alice.token), body).await;
+    assert_eq!(status, 200, "{answer}");
+    let master_sigs = signatures_seen(&server, &alice, &alice).await.1;
+    assert_eq!(master_sigs, json!({}), "the deleted device's signature went with it");
 }
