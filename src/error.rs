@@ -94,6 +94,9 @@ pub enum Error {
     /// Media created with /create is not uploaded yet: 504 M_NOT_YET_UPLOADED.
     #[error("The media has not been uploaded yet")]
     NotYetUploaded,
+    /// A key or signature does not verify: 400 M_INVALID_SIGNATURE.
+    #[error("{0}")]
+    InvalidSignature(String),
     /// A room-key backup write names a version that is not the current one.
     #[error("Wrong backup version")]
     WrongRoomKeysVersion {

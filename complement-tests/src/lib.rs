@@ -1,4 +1,5 @@
 //! Black-box test support: the server harness and request helpers.
 
 pub mod api;
+pub mod e2ee;
 pub mod harness;

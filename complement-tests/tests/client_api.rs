@@ -2,6 +2,7 @@
 //! to-device messages, and the start-up probes they read as "none yet".
 
 use complement_tests::backend_tests;
+use complement_tests::e2ee::{Key, device_keys, signed_one_time_key};
 use complement_tests::harness::{Backend, Options, Server};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -204,27 +205,25 @@ async fn push_rules_start_from_the_defaults_and_can_be_edited(backend: Backend) 
     assert!(types.contains(&"m.push_rules"), "{types:?}");
 }
 
-fn device_keys(user: &str, device: &str) -> Value {
-    json!({
-        "user_id": user, "device_id": device,
-        "algorithms": ["m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"],
-        "keys": { format!("curve25519:{device}"): "curvekey", format!("ed25519:{device}"): "edkey" },
-        "signatures": { user: { format!("ed25519:{device}"): "sig" } },
-    })
-}
-
 async fn keys_upload_query_claim_and_to_device(backend: Backend) {
     let server = Server::start(&backend).await;
     let alice = server.register("alice", "pw").await;
     let bob = server.register("bob", "pw").await;
+    let (a, d) = (alice.user_id.as_str(), alice.device_id.as_str());
+    let key = Key::new("alice-device");
+    let mut fallback = json!({ "key": "fb", "fallback": true });
+    key.sign(&mut fallback, a, &format!("ed25519:{d}"));
     let (status, body) = server
         .post(
             "/_matrix/client/v3/keys/upload",
             Some(&alice.token),
             json!({
-                "device_keys": device_keys(&alice.user_id, &alice.device_id),
-                "one_time_keys": { "signed_curve25519:AAAA": { "key": "otk1" }, "signed_curve25519:AAAB": { "key": "otk2" } },
-                "fallback_keys": { "signed_curve25519:FFFF": { "key": "fb", "fallback": true } },
+                "device_keys": device_keys(a, d, &key),
+                "one_time_keys": {
+                    "signed_curve25519:AAAA": signed_one_time_key(a, d, &key, "otk1"),
+                    "signed_curve25519:AAAB": signed_one_time_key(a, d, &key, "otk2"),
+                },
+                "fallback_keys": { "signed_curve25519:FFFF": fallback },
             }),
         )
         .await;
@@ -235,7 +234,7 @@ async fn keys_upload_query_claim_and_to_device(backend: Backend) {
         .post(
             "/_matrix/client/v3/keys/upload",
             Some(&alice.token),
-            json!({ "device_keys": device_keys(&alice.user_id, "OTHER") }),
+            json!({ "device_keys": device_keys(a, "OTHER", &key) }),
         )
         .await;
     assert_eq!(status, 400);
@@ -248,7 +247,7 @@ async fn keys_upload_query_claim_and_to_device(backend: Backend) {
         )
         .await;
     let keys = &q["device_keys"][&alice.user_id][&alice.device_id];
-    assert_eq!(keys["keys"][format!("ed25519:{}", alice.device_id)], "edkey", "{q}");
+    assert_eq!(keys["keys"][format!("ed25519:{d}")], json!(key.public), "{q}");
 
     let claim = json!({ "one_time_keys": { alice.user_id.clone(): { alice.device_id.clone(): "signed_curve25519" } } });
     let mut claimed = Vec::new();

@@ -3,6 +3,7 @@
 //! handlers call it.
 
 pub mod e2ee;
+pub mod keys;
 pub mod profile;
 pub mod uia;
 pub mod voip;

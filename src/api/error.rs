@@ -36,6 +36,7 @@ impl Error {
             Self::CannotOverwriteMedia => (StatusCode::CONFLICT, "M_CANNOT_OVERWRITE_MEDIA"),
             Self::NotYetUploaded => (StatusCode::GATEWAY_TIMEOUT, "M_NOT_YET_UPLOADED"),
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
+            Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
             Self::Database(_) | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "M_UNKNOWN"),
         }

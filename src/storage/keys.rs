@@ -176,6 +176,80 @@ pub async fn cross_signing_key(db: &Db, user: &str, key_type: &str) -> Result<Op
         .await?)
 }
 
+/// One stored signature of a device or cross-signing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySignature {
+    /// The signed device's id, or the signed cross-signing key's public key.
+    pub target_key_id: String,
+    /// Who signed.
+    pub signer_user_id: String,
+    /// With which key (`ed25519:<id>`).
+    pub signer_key_id: String,
+    /// The unpadded base64 signature.
+    pub signature: String,
+}
+
+/// Stores signatures of `target_user`'s keys: a signer's signature with one
+/// key replaces only that signer's earlier one with the same key.
+pub async fn put_key_signatures(db: &Db, target_user: &str, signatures: &[KeySignature]) -> Result<()> {
+    if signatures.is_empty() {
+        return Ok(());
+    }
+    let mut tx = db.begin_write().await?;
+    for s in signatures {
+        sqlx::query(
+            "INSERT INTO key_signatures (target_user_id, target_key_id, signer_user_id, signer_key_id, signature) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (target_user_id, target_key_id, signer_user_id, signer_key_id) \
+             DO UPDATE SET signature = excluded.signature",
+        )
+        .bind(target_user)
+        .bind(&s.target_key_id)
+        .bind(&s.signer_user_id)
+        .bind(&s.signer_key_id)
+        .bind(&s.signature)
+        .execute(tx.conn())
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// The stored signatures of `target_user`'s devices and cross-signing keys.
+pub async fn key_signatures(db: &Db, target_user: &str) -> Result<Vec<KeySignature>> {
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT target_key_id, signer_user_id, signer_key_id, signature FROM key_signatures \
+         WHERE target_user_id = $1 ORDER BY target_key_id, signer_user_id, signer_key_id",
+    )
+    .bind(target_user)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(target_key_id, signer_user_id, signer_key_id, signature)| KeySignature {
+            target_key_id,
+            signer_user_id,
+            signer_key_id,
+            signature,
+        })
+        .collect())
+}
+
+/// Forgets a key of `user` that is gone or replaced: the signatures of it
+/// (`target_key_id`) and those made with it (`ed25519:<target_key_id>`).
+pub async fn drop_key_signatures(db: &Db, user: &str, target_key_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM key_signatures WHERE target_user_id = $1 AND target_key_id = $2")
+        .bind(user)
+        .bind(target_key_id)
+        .execute(&db.pool)
+        .await?;
+    sqlx::query("DELETE FROM key_signatures WHERE signer_user_id = $1 AND signer_key_id = $2")
+        .bind(user)
+        .bind(format!("ed25519:{target_key_id}"))
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
 /// Records that a user's devices or keys changed.
 pub async fn device_list_changed(db: &Db, user: &str, stream: i64) -> Result<()> {
     sqlx::query("INSERT INTO device_list_updates (user_id, stream) VALUES ($1, $2)")
@@ -248,7 +322,8 @@ pub async fn take_to_device(
     .await?)
 }
 
-/// Drops a deleted device's keys and queued messages.
+/// Drops a deleted device's keys, queued messages and the signatures of and
+/// by its key.
 pub async fn delete_device(db: &Db, user: &str, device: &str) -> Result<()> {
     for table in ["device_keys", "one_time_keys", "fallback_keys", "to_device"] {
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -259,5 +334,5 @@ pub async fn delete_device(db: &Db, user: &str, device: &str) -> Result<()> {
         .execute(&db.pool)
         .await?;
     }
-    Ok(())
+    drop_key_signatures(db, user, device).await
 }

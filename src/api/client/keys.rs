@@ -1,11 +1,11 @@
 //! End-to-end encryption plumbing (server side only; clients do the crypto):
 //! key upload, query and claim, key changes, cross-signing keys and
-//! signatures, and to-device messages.
+//! signatures, and to-device messages. What an upload must carry (its
+//! signatures) is checked in `account::keys`.
 
 use std::collections::BTreeMap;
 
 use axum::Router;
-use ruma::OwnedUserId;
 use ruma::api::client::keys::{
     claim_keys, get_key_changes, get_keys, upload_keys, upload_signatures, upload_signing_keys,
 };
@@ -13,7 +13,7 @@ use ruma::api::client::to_device::send_event_to_device;
 use ruma::to_device::DeviceIdOrAllDevices;
 use serde_json::{Map, Value, json};
 
-use crate::account::{e2ee, uia};
+use crate::account::{e2ee, keys as account_keys};
 use crate::api::extract::{Ruma, route_json};
 use crate::error::{Error, Result};
 use crate::state::AppState;
@@ -36,36 +36,21 @@ fn raw_value<T>(raw: &ruma::serde::Raw<T>) -> Result<Value> {
 async fn upload(state: AppState, req: Ruma<upload_keys::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let b = &req.body;
-    let (user, device) = (me.user_id.as_str(), me.device_id.as_str());
-    if let Some(raw) = &b.device_keys {
-        let value = raw_value(raw)?;
-        if value["user_id"] != user || value["device_id"] != device {
-            return Err(Error::InvalidParam("device_keys must be for this user and device".into()));
-        }
-        let text = serde_json::to_string(&value).map_err(|e| Error::Internal(e.to_string()))?;
-        let changed =
-            keys::device_keys(&state.db, user).await?.iter().all(|(d, k)| d != device || *k != text);
-        keys::put_device_keys(&state.db, user, device, &text).await?;
-        if changed {
-            e2ee::device_list_changed(&state, &me.user_id).await?;
-        }
-    }
+    let parse = |raw: &str| serde_json::from_str::<Value>(raw).map_err(|e| Error::BadJson(e.to_string()));
+    let mut upload = account_keys::DeviceKeysUpload {
+        device_keys: b.device_keys.as_ref().map(raw_value).transpose()?,
+        ..Default::default()
+    };
     for (key_id, raw) in &b.one_time_keys {
-        let text = raw.json().get();
-        keys::add_one_time_key(&state.db, user, device, key_id.as_str(), key_id.algorithm().as_str(), text)
-            .await?;
+        let algorithm = key_id.algorithm().as_str().to_owned();
+        upload.one_time_keys.push((key_id.to_string(), algorithm, parse(raw.json().get())?));
     }
     for (key_id, raw) in &b.fallback_keys {
-        keys::put_fallback_key(
-            &state.db,
-            user,
-            device,
-            key_id.algorithm().as_str(),
-            key_id.as_str(),
-            raw.json().get(),
-        )
-        .await?;
+        let algorithm = key_id.algorithm().as_str().to_owned();
+        upload.fallback_keys.push((key_id.to_string(), algorithm, parse(raw.json().get())?));
     }
+    account_keys::upload_device_keys(&state, me, upload).await?;
+    let (user, device) = (me.user_id.as_str(), me.device_id.as_str());
     Ok(json!({ "one_time_key_counts": e2ee::otk_counts(&state, user, device).await? }))
 }
 
@@ -79,12 +64,15 @@ async fn query(state: AppState, req: Ruma<get_keys::v3::Request>) -> Result<Valu
         if user.server_name() != state.settings.server_name {
             continue;
         }
+        let signatures = keys::key_signatures(&state.db, user.as_str()).await?;
+        let (owner, viewer) = (user.as_str(), me.user_id.as_str());
         let mut per_device = Map::new();
         for (device, text) in keys::device_keys(&state.db, user.as_str()).await? {
             if !wanted.is_empty() && !wanted.iter().any(|d| d.as_str() == device) {
                 continue;
             }
             let mut value: Value = serde_json::from_str(&text).unwrap_or_default();
+            account_keys::add_signatures(&mut value, owner, &device, &signatures, viewer);
             if let Some(row) = devices::get(&state.db, user.as_str(), &device).await?
                 && let Some(name) = row.display_name
             {
@@ -95,7 +83,11 @@ async fn query(state: AppState, req: Ruma<get_keys::v3::Request>) -> Result<Valu
         device_keys.insert(user.to_string(), Value::Object(per_device));
         for (kind, map) in [("master", &mut master), ("self_signing", &mut self_signing)] {
             if let Some(text) = keys::cross_signing_key(&state.db, user.as_str(), kind).await? {
-                map.insert(user.to_string(), serde_json::from_str(&text).unwrap_or_default());
+                let mut value: Value = serde_json::from_str(&text).unwrap_or_default();
+                if let Some(public) = account_keys::cross_signing_public_key(&value) {
+                    account_keys::add_signatures(&mut value, owner, &public, &signatures, viewer);
+                }
+                map.insert(user.to_string(), value);
             }
         }
         if *user == me.user_id
@@ -149,92 +141,38 @@ async fn changes(state: AppState, req: Ruma<get_key_changes::v3::Request>) -> Re
 async fn upload_signing(state: AppState, req: Ruma<upload_signing_keys::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let b = &req.body;
-    // The first upload needs no UIA (there is nothing to take over yet);
-    // replacing existing keys does.
-    let existing = keys::cross_signing_key(&state.db, me.user_id.as_str(), "master").await?;
-    let grant = if existing.is_some() {
-        Some(
-            uia::authorize(
-                &state,
-                uia::Purpose::DeleteDevices,
-                Some(me),
-                &[&[uia::PASSWORD]],
-                b.auth.as_ref(),
-            )
-            .await?,
-        )
-    } else {
-        None
+    let upload = account_keys::CrossSigningUpload {
+        master: b.master_key.as_ref().map(raw_value).transpose()?,
+        self_signing: b.self_signing_key.as_ref().map(raw_value).transpose()?,
+        user_signing: b.user_signing_key.as_ref().map(raw_value).transpose()?,
     };
-    for (kind, raw) in [
-        ("master", &b.master_key),
-        ("self_signing", &b.self_signing_key),
-        ("user_signing", &b.user_signing_key),
-    ] {
-        if let Some(raw) = raw {
-            let value = raw_value(raw)?;
-            if value["user_id"] != me.user_id.as_str() {
-                return Err(Error::InvalidParam("Cross-signing keys must be for this user".into()));
-            }
-            keys::put_cross_signing_key(&state.db, me.user_id.as_str(), kind, &value.to_string()).await?;
-        }
-    }
-    if let Some(grant) = grant {
-        grant.finish(&state).await?;
-    }
-    e2ee::device_list_changed(&state, &me.user_id).await?;
+    account_keys::upload_cross_signing_keys(&state, me, upload, b.auth.as_ref()).await?;
     Ok(json!({}))
-}
-
-/// Merges `signatures` of `incoming` into `stored` JSON.
-fn merge_signatures(stored: &mut Value, incoming: &Value) {
-    if let Some(sigs) = incoming["signatures"].as_object() {
-        for (signer, keys) in sigs {
-            if let Some(keys) = keys.as_object() {
-                for (key_id, sig) in keys {
-                    stored["signatures"][signer][key_id] = sig.clone();
-                }
-            }
-        }
-    }
 }
 
 async fn upload_sigs(state: AppState, req: Ruma<upload_signatures::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
-    let mut touched: Vec<OwnedUserId> = Vec::new();
-    for (user, signed) in &req.body.signed_keys {
-        for (key_id, raw) in signed.iter() {
-            let incoming: Value =
-                serde_json::from_str(raw.get()).map_err(|e| Error::BadJson(e.to_string()))?;
-            // A device of the user, or one of their cross-signing keys by public key.
-            if let Some((_, text)) =
-                keys::device_keys(&state.db, user.as_str()).await?.into_iter().find(|(d, _)| d == key_id)
-            {
-                let mut stored: Value = serde_json::from_str(&text).unwrap_or_default();
-                merge_signatures(&mut stored, &incoming);
-                keys::put_device_keys(&state.db, user.as_str(), key_id, &stored.to_string()).await?;
-            } else {
-                for kind in ["master", "self_signing", "user_signing"] {
-                    if let Some(text) = keys::cross_signing_key(&state.db, user.as_str(), kind).await? {
-                        let mut stored: Value = serde_json::from_str(&text).unwrap_or_default();
-                        let matches =
-                            stored["keys"].as_object().is_some_and(|k| k.values().any(|v| v == key_id));
-                        if matches {
-                            merge_signatures(&mut stored, &incoming);
-                            keys::put_cross_signing_key(&state.db, user.as_str(), kind, &stored.to_string())
-                                .await?;
-                        }
-                    }
-                }
+    let mut signed = Vec::new();
+    for (user, keys) in &req.body.signed_keys {
+        let mut objects = Vec::new();
+        for (key_id, raw) in keys.iter() {
+            let object: Value = serde_json::from_str(raw.get()).map_err(|e| Error::BadJson(e.to_string()))?;
+            if !object.is_object() {
+                return Err(Error::BadJson(format!(
+                    "The signed key {key_id} of {user} is not a JSON object"
+                )));
             }
+            objects.push((key_id.to_owned(), object));
         }
-        touched.push(user.clone());
+        signed.push((user.clone(), objects));
     }
-    let _ = me;
-    for user in touched {
-        e2ee::device_list_changed(&state, &user).await?;
+    let mut failures = Map::new();
+    for (user, key_id, error) in account_keys::upload_signatures(&state, me, signed).await? {
+        let (_, errcode) = error.status_and_code();
+        let per_user = failures.entry(user.to_string()).or_insert_with(|| json!({}));
+        per_user[key_id] = json!({ "errcode": errcode, "error": error.to_string() });
     }
-    Ok(json!({ "failures": {} }))
+    Ok(json!({ "failures": failures }))
 }
 
 async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Request>) -> Result<Value> {

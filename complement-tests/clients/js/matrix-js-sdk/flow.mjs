@@ -13,7 +13,8 @@
 // initial sync, scrolls back (`scrollback`, /messages) to the m.room.create
 // event and must find all 25 in order. Then an end-to-end encrypted room
 // (Megolm): invite, join, 10 messages in turns, each decrypted by the other
-// side with the plaintext body checked, the server holding only ciphertext. Bob leaves both rooms; alice sees the
+// side with the plaintext body checked, the server holding only ciphertext. Alice bootstraps
+// cross-signing; bob's client must find her device signed by her. Bob leaves both rooms; alice sees the
 // leaves and bob's client sees itself out. Both log out.
 //
 // Any failure exits 1 with a line starting "FAIL:".
@@ -330,6 +331,31 @@ async function flow(hs, serverName, prefix) {
         }
     }
     timer.lap(`${E2EE_MESSAGES} Megolm messages in turns, each decrypted by the other side, bodies checked`);
+
+    // Cross-signing (bob's client tracks alice's devices now that they share an
+    // encrypted room): alice's client makes her three keys (the first upload
+    // takes no UIA) and signs its device with her self-signing key; the
+    // server keeps only signatures that verify, so seeing that signature, and
+    // bob's client finding the device signed by its owner, means the server
+    // took what Rust crypto signed.
+    await alice.client.getCrypto().bootstrapCrossSigning({
+        authUploadDeviceSigningKeys: async (makeRequest) => {
+            await makeRequest(null);
+        },
+    });
+    const aliceDevice = alice.client.getDeviceId();
+    await waitFor("alice's device signed by her self-signing key, as bob queries it", async () => {
+        const body = { device_keys: { [alice.userId]: [] } };
+        const keys = await api(hs, "POST", "/_matrix/client/v3/keys/query", { token: bob.client.getAccessToken(), body });
+        const ssk = Object.keys(keys.self_signing_keys?.[alice.userId]?.keys ?? {})[0];
+        return Boolean(ssk && keys.device_keys?.[alice.userId]?.[aliceDevice]?.signatures?.[alice.userId]?.[ssk]);
+    });
+    await waitFor("bob's client to find alice's device signed by her", async () => {
+        await bob.client.getCrypto().getUserDeviceInfo([alice.userId], true);
+        const status = await bob.client.getCrypto().getDeviceVerificationStatus(alice.userId, aliceDevice);
+        return status?.signedByOwner === true;
+    });
+    timer.lap("alice bootstraps cross-signing; bob's client sees her device signed by her self-signing key");
 
     for (const r of [roomId, secretRoom]) {
         await bob.client.leave(r);
