@@ -103,6 +103,24 @@ pub struct Config {
     pub presence: PresenceConfig,
     /// VoIP (TURN servers for calls).
     pub voip: Voip,
+    /// Media limits.
+    pub media: MediaConfig,
+}
+
+/// Media limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MediaConfig {
+    /// Images with more pixels (width x height, read from the header) get no thumbnail.
+    pub max_thumbnail_pixels: u64,
+    /// `/v1/create` reservations a user may hold unused at once.
+    pub max_pending_uploads: u32,
+}
+
+impl Default for MediaConfig {
+    fn default() -> Self {
+        Self { max_thumbnail_pixels: 32 * 1024 * 1024, max_pending_uploads: 5 }
+    }
 }
 
 /// Presence settings.
@@ -237,6 +255,7 @@ impl Default for Config {
             history: History::default(),
             presence: PresenceConfig::default(),
             voip: Voip::default(),
+            media: MediaConfig::default(),
         }
     }
 }
@@ -307,6 +326,8 @@ pub struct Settings {
     pub presence_enabled: bool,
     /// TURN settings.
     pub voip: Voip,
+    /// Media limits.
+    pub media: MediaConfig,
 }
 
 impl Config {
@@ -420,6 +441,16 @@ impl Config {
                 ConfigError(format!("SEQLINE_MAX_REQUEST_BODY_BYTES: {v:?} is not a byte count"))
             })?;
         }
+        if let Some(v) = env("SEQLINE_MAX_THUMBNAIL_PIXELS") {
+            self.media.max_thumbnail_pixels = v.parse().map_err(|_| {
+                ConfigError(format!("SEQLINE_MAX_THUMBNAIL_PIXELS: {v:?} is not a pixel count"))
+            })?;
+        }
+        if let Some(v) = env("SEQLINE_MAX_PENDING_MEDIA_UPLOADS") {
+            self.media.max_pending_uploads = v.parse().map_err(|_| {
+                ConfigError(format!("SEQLINE_MAX_PENDING_MEDIA_UPLOADS: {v:?} is not a count"))
+            })?;
+        }
         Ok(())
     }
 
@@ -494,6 +525,9 @@ impl Config {
         if voip.turn_user_lifetime_secs == 0 {
             return Err(ConfigError("voip.turn_user_lifetime_secs: must be at least 1".into()));
         }
+        if self.media.max_thumbnail_pixels == 0 {
+            return Err(ConfigError("media.max_thumbnail_pixels: must be at least 1".into()));
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
         }
@@ -528,6 +562,7 @@ impl Config {
             history: self.history,
             presence_enabled: self.presence.enabled,
             voip: self.voip,
+            media: self.media,
         })
     }
 }
@@ -573,6 +608,16 @@ mod tests {
         assert_eq!(s.client_listen.port(), 9000);
         assert_eq!(s.registration_tokens, vec!["a", "b"]);
         assert!(!s.rate_limits.enabled);
+        let env = |k: &str| match k {
+            "SEQLINE_MAX_THUMBNAIL_PIXELS" => Some("1000".to_owned()),
+            "SEQLINE_MAX_PENDING_MEDIA_UPLOADS" => Some("0".to_owned()),
+            _ => None,
+        };
+        let s = Config::load(None, env).unwrap().validate().unwrap();
+        assert_eq!(s.media, MediaConfig { max_thumbnail_pixels: 1000, max_pending_uploads: 0 });
+        let env = |k: &str| (k == "SEQLINE_MAX_THUMBNAIL_PIXELS").then(|| "0".to_owned());
+        let err = Config::load(None, env).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("media.max_thumbnail_pixels"), "{err}");
     }
 
     #[test]

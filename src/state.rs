@@ -49,6 +49,8 @@ pub struct Services {
     pub read_cache: crate::room::cache::ReadCache,
     /// Default push rule sets, built once per user.
     pub push_defaults: crate::notify::DefaultRules,
+    /// Thumbnails made at once: one per core.
+    pub thumbnailing: tokio::sync::Semaphore,
 }
 
 impl AppState {
@@ -81,6 +83,9 @@ impl AppState {
             write_queue: crate::room::timeline::WriteQueue::default(),
             read_cache: crate::room::cache::ReadCache::default(),
             push_defaults: crate::notify::DefaultRules::default(),
+            thumbnailing: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            ),
         }))
     }
 }

@@ -18,12 +18,13 @@ use crate::api::extract::Authed;
 use crate::error::{Error, Result};
 use crate::media::{self, Content, INLINE_TYPES, Method};
 use crate::state::AppState;
+use tokio_util::io::ReaderStream;
 
 /// Adds the media routes.
 pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let mut router = router
         .route("/_matrix/media/v1/create", post(create))
-        .route("/_matrix/client/v1/media/config", get(config))
+        .route("/_matrix/client/v1/media/config", get(config_authed))
         .route("/_matrix/client/v1/media/download/{server}/{id}", get(download_authed))
         .route("/_matrix/client/v1/media/download/{server}/{id}/{filename}", get(download_authed_named))
         .route("/_matrix/client/v1/media/thumbnail/{server}/{id}", get(thumbnail_authed))
@@ -92,9 +93,11 @@ async fn upload(
 }
 
 async fn create(State(state): State<AppState>, Authed(me): Authed) -> Result<axum::Json<serde_json::Value>> {
-    let id = media::create(&state, me.user_id.as_str()).await?;
-    let expires = crate::storage::now_ms() + 24 * 3600 * 1000;
-    Ok(axum::Json(json!({ "content_uri": content_uri(&state, &id), "unused_expires_at": expires })))
+    let reserved = media::create(&state, me.user_id.as_str()).await?;
+    Ok(axum::Json(json!({
+        "content_uri": content_uri(&state, &reserved.id),
+        "unused_expires_at": reserved.expires_at,
+    })))
 }
 
 async fn upload_to(
@@ -122,6 +125,10 @@ async fn upload_to(
 
 async fn config(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
     axum::Json(json!({ "m.upload.size": state.settings.max_upload_bytes }))
+}
+
+async fn config_authed(state: State<AppState>, _me: Authed) -> axum::Json<serde_json::Value> {
+    config(state).await
 }
 
 /// RFC 5987 encoding for `filename*`.
@@ -164,7 +171,14 @@ fn serve(content: Content, filename: Option<&str>) -> Response {
     );
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
-    (StatusCode::OK, headers, Body::from(content.bytes)).into_response()
+    let body = match content.body {
+        media::Body::Bytes(bytes) => Body::from(bytes),
+        media::Body::File(file, len) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            Body::from_stream(ReaderStream::with_capacity(file, 64 * 1024))
+        }
+    };
+    (StatusCode::OK, headers, body).into_response()
 }
 
 async fn download(state: &AppState, server: &str, id: &str, filename: Option<&str>) -> Result<Response> {

@@ -18,14 +18,71 @@ pub struct MediaRow {
     pub created_ts: i64,
 }
 
-/// Records a new media id (content to follow when `uploaded` is false).
-pub async fn create(db: &Db, media_id: &str, uploader: &str, now: i64) -> Result<()> {
-    sqlx::query("INSERT INTO media (media_id, uploader, created_ts) VALUES ($1, $2, $3)")
-        .bind(media_id)
+/// Reserves a media id for content to follow, unless `uploader` already holds
+/// `max_pending` unused reservations made after `since` (older ones are
+/// expired: they are deleted here and not counted). The count and the insert
+/// are one statement. Returns whether the reservation was made.
+pub async fn reserve(
+    db: &Db,
+    media_id: &str,
+    uploader: &str,
+    now: i64,
+    since: i64,
+    max_pending: u32,
+) -> Result<bool> {
+    sqlx::query("DELETE FROM media WHERE uploader = $1 AND uploaded = 0 AND created_ts <= $2")
         .bind(uploader)
-        .bind(now)
+        .bind(since)
         .execute(&db.pool)
         .await?;
+    let r = sqlx::query(
+        "INSERT INTO media (media_id, uploader, created_ts) SELECT $1, $2, $3 \
+         WHERE (SELECT COUNT(*) FROM media WHERE uploader = $2 AND uploaded = 0 AND created_ts > $4) < $5",
+    )
+    .bind(media_id)
+    .bind(uploader)
+    .bind(now)
+    .bind(since)
+    .bind(i64::from(max_pending))
+    .execute(&db.pool)
+    .await?;
+    Ok(r.rows_affected() > 0)
+}
+
+/// When the oldest of `uploader`'s unused reservations made after `since` was made.
+pub async fn oldest_pending(db: &Db, uploader: &str, since: i64) -> Result<Option<i64>> {
+    let row: (Option<i64>,) = sqlx::query_as(
+        "SELECT MIN(created_ts) FROM media WHERE uploader = $1 AND uploaded = 0 AND created_ts > $2",
+    )
+    .bind(uploader)
+    .bind(since)
+    .fetch_one(&db.pool)
+    .await?;
+    Ok(row.0)
+}
+
+/// Records media whose content is stored already (a direct upload).
+pub async fn insert_uploaded(
+    db: &Db,
+    media_id: &str,
+    uploader: &str,
+    now: i64,
+    content_type: Option<&str>,
+    filename: Option<&str>,
+    size: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO media (media_id, uploader, content_type, filename, size, created_ts, uploaded) \
+         VALUES ($1, $2, $3, $4, $5, $6, 1)",
+    )
+    .bind(media_id)
+    .bind(uploader)
+    .bind(content_type)
+    .bind(filename)
+    .bind(size)
+    .bind(now)
+    .execute(&db.pool)
+    .await?;
     Ok(())
 }
 
