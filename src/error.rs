@@ -94,6 +94,10 @@ pub enum Error {
     /// Media created with /create is not uploaded yet: 504 M_NOT_YET_UPLOADED.
     #[error("The media has not been uploaded yet")]
     NotYetUploaded,
+    /// Account data the server keeps (`m.push_rules`, `m.fully_read`) written
+    /// through the account-data API: 405 M_BAD_JSON, as the spec says.
+    #[error("{0}")]
+    ServerControlled(String),
     /// A key or signature does not verify: 400 M_INVALID_SIGNATURE.
     #[error("{0}")]
     InvalidSignature(String),

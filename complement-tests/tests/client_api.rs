@@ -529,12 +529,13 @@ async fn presence_and_user_directory(backend: Backend) {
     // Syncing with set_presence=offline leaves an unknown user offline.
     let dave = server.register("dave", "pw").await;
     server.get("/_matrix/client/v3/sync?set_presence=offline", Some(&dave.token)).await;
+    // (Dave shares no room with anyone: he reads his own.)
     let (_, got) =
-        server.get(&format!("/_matrix/client/v3/presence/{}/status", dave.user_id), Some(&alice.token)).await;
+        server.get(&format!("/_matrix/client/v3/presence/{}/status", dave.user_id), Some(&dave.token)).await;
     assert_eq!(got["presence"], "offline", "{got}");
     server.get("/_matrix/client/v3/sync", Some(&dave.token)).await;
     let (_, got) =
-        server.get(&format!("/_matrix/client/v3/presence/{}/status", dave.user_id), Some(&alice.token)).await;
+        server.get(&format!("/_matrix/client/v3/presence/{}/status", dave.user_id), Some(&dave.token)).await;
     assert_eq!(got["presence"], "online", "a plain sync brings a user online: {got}");
     let (status, _) = server
         .put(

@@ -11,6 +11,7 @@ backend_tests!(
     token_flow_needs_a_configured_token,
     registration_off_refuses_and_cli_creates_users,
     inhibit_login_and_chosen_device,
+    auth_without_type_or_session_gets_the_flows,
 );
 
 const REGISTER: &str = "/_matrix/client/v3/register";
@@ -232,4 +233,35 @@ async fn inhibit_login_and_chosen_device(backend: Backend) {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["device_id"], "HANKPHONE");
+}
+
+/// matrix-nio's token registration (and other clients) first send an `auth`
+/// with neither `type` nor `session`: the answer is the 401 with the flows
+/// and a new session (as Synapse), which then completes; the same holds for
+/// a password change.
+async fn auth_without_type_or_session_gets_the_flows(backend: Backend) {
+    let options =
+        Options::default().env("SEQLINE_REGISTRATION", "token").env("SEQLINE_REGISTRATION_TOKENS", "sesame");
+    let server = Server::start_with(&backend, options).await;
+    let (status, body) =
+        server.post(REGISTER, None, json!({ "username": "nio", "password": "pw", "auth": {} })).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["flows"], json!([{ "stages": ["m.login.registration_token"] }]));
+    let session = body["session"].as_str().expect("a new session").to_owned();
+    let auth = json!({ "type": "m.login.registration_token", "token": "sesame", "session": session });
+    let (status, body) =
+        server.post(REGISTER, None, json!({ "username": "nio", "password": "pw", "auth": auth })).await;
+    assert_eq!(status, 200, "{body}");
+    let token = body["access_token"].as_str().expect("access_token").to_owned();
+
+    let password = "/_matrix/client/v3/account/password";
+    let (status, body) =
+        server.post(password, Some(&token), json!({ "new_password": "pw2", "auth": {} })).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["flows"], json!([{ "stages": ["m.login.password"] }]));
+    assert!(body["session"].as_str().is_some_and(|s| !s.is_empty()), "{body}");
+    // A malformed auth (a type but no stage fields) is still an error.
+    let (status, body) =
+        server.post(password, Some(&token), json!({ "new_password": "pw2", "auth": { "type": 5 } })).await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_BAD_JSON")), "{body}");
 }

@@ -32,13 +32,19 @@ pub async fn otk_counts(state: &AppState, user: &str, device: &str) -> Result<Va
 /// Deletes devices with their keys and queued messages, and tells those who
 /// share a room with the user.
 pub async fn remove_devices(state: &AppState, user: &UserId, device_ids: &[&str]) -> Result<()> {
-    devices::delete_many(&state.db, user.as_str(), device_ids).await?;
+    if device_ids.is_empty() {
+        return Ok(());
+    }
+    // The devices, their keys, signatures and queued messages and the
+    // device-list change go in one transaction: no one sees the devices gone
+    // without the change that tells them.
+    let reservation = state.streams.reserve();
+    devices::delete_many(&state.db, user.as_str(), device_ids, reservation.pos).await?;
+    drop(reservation);
     for device in device_ids {
         state.tokens.forget_device(user.as_str(), device);
-        keys::delete_device(&state.db, user.as_str(), device).await?;
     }
-    if !device_ids.is_empty() {
-        device_list_changed(state, user).await?;
-    }
+    let wake = events::room_peers(&state.db, user.as_str()).await?;
+    state.notifier.wake(wake.iter().map(String::as_str));
     Ok(())
 }

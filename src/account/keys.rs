@@ -256,7 +256,10 @@ pub async fn upload_cross_signing_keys(
     // The first upload needs no UIA (there is nothing to take over yet);
     // replacing existing keys does.
     let grant = if has_master {
-        Some(uia::authorize(state, uia::Purpose::DeleteDevices, Some(me), &[&[uia::PASSWORD]], auth).await?)
+        Some(
+            uia::authorize(state, uia::Purpose::ReplaceCrossSigningKeys, Some(me), &[&[uia::PASSWORD]], auth)
+                .await?,
+        )
     } else {
         None
     };

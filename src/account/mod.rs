@@ -203,8 +203,6 @@ pub async fn issue_session(
     let device_id = device_id.unwrap_or_else(new_device_id);
     validate_device_id(&device_id)?;
     let access_token = new_access_token();
-    // A login with an existing device id replaces that device's token.
-    state.tokens.forget_device(user_id.as_str(), device_id.as_str());
     devices::login(
         &state.db,
         user_id.as_str(),
@@ -215,6 +213,9 @@ pub async fn issue_session(
         ip,
     )
     .await?;
+    // A login with an existing device id replaced that device's token: the
+    // old one is forgotten once the new one is stored.
+    state.tokens.forget_device(user_id.as_str(), device_id.as_str());
     Ok(Session { user_id: user_id.to_owned(), device_id, access_token })
 }
 
@@ -247,6 +248,9 @@ const TOKEN_CACHE_MAX: usize = 100_000;
 #[derive(Debug, Default)]
 pub struct TokenCache {
     entries: std::sync::Mutex<std::collections::HashMap<String, CachedOwner>>,
+    /// Moves on every forget: a lookup that began before a forget does not
+    /// put its (possibly revoked) answer into the cache.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -266,8 +270,19 @@ impl TokenCache {
         fresh.then(|| hit.requester.clone())
     }
 
-    fn put(&self, token_hash: String, requester: Requester, last_seen_ts: i64, now: i64) {
+    /// The generation to pass to [`TokenCache::put`], read before the
+    /// database lookup whose answer is to be kept.
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn put(&self, token_hash: String, requester: Requester, last_seen_ts: i64, now: i64, generation: u64) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if self.generation() != generation {
+            // A device was forgotten since the lookup began: its answer may
+            // name a token revoked meanwhile.
+            return;
+        }
         if entries.len() >= TOKEN_CACHE_MAX {
             entries.clear();
         }
@@ -275,9 +290,10 @@ impl TokenCache {
     }
 
     /// Forgets every token of a device (logged out, deleted, or given a new
-    /// token by a login with its id).
+    /// token by a login with its id). Called after the change is committed.
     pub fn forget_device(&self, user_id: &str, device_id: &str) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         entries.retain(|_, c| !(c.requester.user_id == user_id && c.requester.device_id == device_id));
     }
 }
@@ -290,6 +306,7 @@ pub async fn authenticate(state: &AppState, token: &str, ip: Option<&str>) -> Re
     if let Some(requester) = state.tokens.get(&token_hash, now) {
         return Ok(requester);
     }
+    let generation = state.tokens.generation();
     let owner = devices::by_token(&state.db, &token_hash).await?.ok_or(Error::UnknownToken)?;
     let mut last_seen = owner.last_seen_ts.unwrap_or(0);
     if now - last_seen > LAST_SEEN_GRANULARITY_MS {
@@ -302,7 +319,7 @@ pub async fn authenticate(state: &AppState, token: &str, ip: Option<&str>) -> Re
         device_id: owner.device_id.into(),
         is_admin: owner.is_admin,
     };
-    state.tokens.put(token_hash, requester.clone(), last_seen, now);
+    state.tokens.put(token_hash, requester.clone(), last_seen, now, generation);
     Ok(requester)
 }
 
@@ -344,6 +361,25 @@ mod tests {
         }
         let long = "a".repeat(250);
         assert!(validate_localpart(&long, &s).is_err());
+    }
+
+    /// A lookup that began before a device was forgotten (its logout
+    /// committed meanwhile) does not put the revoked token back.
+    #[test]
+    fn token_cache_keeps_no_answer_older_than_a_forget() {
+        let cache = TokenCache::default();
+        let alice = Requester {
+            user_id: "@alice:example.org".try_into().unwrap(),
+            device_id: "DEV".into(),
+            is_admin: false,
+        };
+        let before_logout = cache.generation();
+        cache.forget_device("@alice:example.org", "DEV");
+        cache.put("hash".into(), alice.clone(), 0, 0, before_logout);
+        assert!(cache.get("hash", 0).is_none());
+        let now = cache.generation();
+        cache.put("hash".into(), alice, 0, 0, now);
+        assert!(cache.get("hash", 0).is_some());
     }
 
     #[test]

@@ -22,23 +22,43 @@ pub const REGISTRATION_TOKEN: &str = "m.login.registration_token";
 /// Sessions older than this are discarded.
 const SESSION_LIFETIME_MS: i64 = 30 * 60 * 1000;
 
-/// What a UIA session authorises.
+/// What a UIA session authorises: a session completed for one request
+/// cannot authorise another (deleting other devices than the ones it was
+/// started for, say).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Purpose {
+pub enum Purpose<'a> {
     /// Creating an account.
     Register,
     /// Changing the password.
     ChangePassword,
-    /// Deleting one or more devices.
-    DeleteDevices,
+    /// Deleting these devices.
+    DeleteDevices(&'a [&'a str]),
+    /// Replacing the cross-signing keys.
+    ReplaceCrossSigningKeys,
 }
 
-impl Purpose {
-    fn as_str(self) -> &'static str {
+impl Purpose<'_> {
+    /// What the session row records: the kind of request and, for device
+    /// deletion, a digest of the (sorted, distinct) device ids.
+    fn key(self) -> String {
         match self {
-            Self::Register => "register",
-            Self::ChangePassword => "password",
-            Self::DeleteDevices => "delete_devices",
+            Self::Register => "register".into(),
+            Self::ChangePassword => "password".into(),
+            Self::ReplaceCrossSigningKeys => "cross_signing".into(),
+            Self::DeleteDevices(ids) => {
+                use sha2::Digest as _;
+                let mut ids = ids.to_vec();
+                ids.sort_unstable();
+                ids.dedup();
+                let mut hash = sha2::Sha256::new();
+                for id in ids {
+                    hash.update(id.as_bytes());
+                    hash.update([0]);
+                }
+                let digest = hash.finalize();
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                format!("delete_devices:{hex}")
+            }
         }
     }
 }
@@ -64,7 +84,7 @@ impl Grant {
 /// error for a session or identity that does not belong here).
 pub async fn authorize(
     state: &AppState,
-    purpose: Purpose,
+    purpose: Purpose<'_>,
     requester: Option<&Requester>,
     flows: &[&[&str]],
     auth: Option<&AuthData>,
@@ -77,14 +97,14 @@ pub async fn authorize(
                 .await?
                 .filter(|row| now - row.created_ts < SESSION_LIFETIME_MS)
                 .ok_or_else(|| Error::InvalidParam("Unknown or expired UIA session".into()))?;
-            if row.purpose != purpose.as_str() || row.user_id.as_deref() != user {
+            if row.purpose != purpose.key() || row.user_id.as_deref() != user {
                 return Err(Error::Forbidden("This UIA session was started for another request".into()));
             }
             (id.to_owned(), row.completed)
         }
         None => {
             let id = new_session_id();
-            uia::create(&state.db, &id, purpose.as_str(), user, now).await?;
+            uia::create(&state.db, &id, &purpose.key(), user, now).await?;
             (id, Vec::new())
         }
     };

@@ -37,6 +37,7 @@ impl Error {
             Self::NotYetUploaded => (StatusCode::GATEWAY_TIMEOUT, "M_NOT_YET_UPLOADED"),
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
+            Self::ServerControlled(_) => (StatusCode::METHOD_NOT_ALLOWED, "M_BAD_JSON"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
             Self::Database(_) | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "M_UNKNOWN"),
         }

@@ -177,6 +177,11 @@ where
         } else {
             bytes
         };
+        let bytes = if matches!(parts.method, http::Method::POST | http::Method::DELETE) {
+            without_empty_auth(bytes)
+        } else {
+            bytes
+        };
         let mut args: Vec<&str> = path_args.iter().map(String::as_str).collect();
         if empty_state_key {
             args.push("");
@@ -185,6 +190,29 @@ where
         let body = T::try_from_http_request(request, &args).map_err(map_parse_error)?;
         Ok(Self { body, requester, client_ip, query })
     }
+}
+
+/// User-interactive auth: an `auth` object with neither `type` nor `session`
+/// (what some clients, matrix-nio's token registration among them, send
+/// first) asks for nothing yet. It is dropped, so the endpoint answers 401
+/// with its flows and a new session, as if `auth` were absent.
+fn without_empty_auth(bytes: axum::body::Bytes) -> axum::body::Bytes {
+    const KEY: &[u8] = b"\"auth\"";
+    if !bytes.windows(KEY.len()).any(|w| w == KEY) {
+        return bytes;
+    }
+    let Ok(mut body) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) else {
+        return bytes;
+    };
+    let empty = body
+        .get("auth")
+        .and_then(serde_json::Value::as_object)
+        .is_some_and(|auth| !auth.contains_key("type") && !auth.contains_key("session"));
+    if !empty {
+        return bytes;
+    }
+    body.remove("auth");
+    serde_json::to_vec(&body).map_or(bytes, axum::body::Bytes::from)
 }
 
 fn too_large(limit: usize) -> Error {

@@ -146,7 +146,7 @@ pub async fn set_display_name(
 }
 
 /// Deletes several devices of a user in one transaction; unknown ids are skipped.
-pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str]) -> Result<()> {
+pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str], stream: i64) -> Result<()> {
     let mut tx = db.begin_write().await?;
     for device_id in device_ids {
         sqlx::query("DELETE FROM devices WHERE user_id = $1 AND device_id = $2")
@@ -154,7 +154,9 @@ pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str]) -> Result<
             .bind(*device_id)
             .execute(tx.conn())
             .await?;
+        super::keys::delete_device(tx.conn(), user_id, device_id).await?;
     }
+    super::keys::device_list_changed_in(tx.conn(), user_id, stream).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! Device keys, one-time and fallback keys, cross-signing keys, device-list
 //! updates and to-device messages.
 
+use sqlx::AnyConnection;
+
 use super::Db;
 use crate::error::Result;
 
@@ -237,25 +239,36 @@ pub async fn key_signatures(db: &Db, target_user: &str) -> Result<Vec<KeySignatu
 /// Forgets a key of `user` that is gone or replaced: the signatures of it
 /// (`target_key_id`) and those made with it (`ed25519:<target_key_id>`).
 pub async fn drop_key_signatures(db: &Db, user: &str, target_key_id: &str) -> Result<()> {
+    let mut conn = db.pool.acquire().await?;
+    drop_key_signatures_in(&mut conn, user, target_key_id).await
+}
+
+async fn drop_key_signatures_in(conn: &mut AnyConnection, user: &str, target_key_id: &str) -> Result<()> {
     sqlx::query("DELETE FROM key_signatures WHERE target_user_id = $1 AND target_key_id = $2")
         .bind(user)
         .bind(target_key_id)
-        .execute(&db.pool)
+        .execute(&mut *conn)
         .await?;
     sqlx::query("DELETE FROM key_signatures WHERE signer_user_id = $1 AND signer_key_id = $2")
         .bind(user)
         .bind(format!("ed25519:{target_key_id}"))
-        .execute(&db.pool)
+        .execute(&mut *conn)
         .await?;
     Ok(())
 }
 
 /// Records that a user's devices or keys changed.
 pub async fn device_list_changed(db: &Db, user: &str, stream: i64) -> Result<()> {
+    let mut conn = db.pool.acquire().await?;
+    device_list_changed_in(&mut conn, user, stream).await
+}
+
+/// [`device_list_changed`] inside a transaction.
+pub async fn device_list_changed_in(conn: &mut AnyConnection, user: &str, stream: i64) -> Result<()> {
     sqlx::query("INSERT INTO device_list_updates (user_id, stream) VALUES ($1, $2)")
         .bind(user)
         .bind(stream)
-        .execute(&db.pool)
+        .execute(conn)
         .await?;
     Ok(())
 }
@@ -324,15 +337,15 @@ pub async fn take_to_device(
 
 /// Drops a deleted device's keys, queued messages and the signatures of and
 /// by its key.
-pub async fn delete_device(db: &Db, user: &str, device: &str) -> Result<()> {
+pub async fn delete_device(conn: &mut AnyConnection, user: &str, device: &str) -> Result<()> {
     for table in ["device_keys", "one_time_keys", "fallback_keys", "to_device"] {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM {table} WHERE user_id = $1 AND device_id = $2"
         )))
         .bind(user)
         .bind(device)
-        .execute(&db.pool)
+        .execute(&mut *conn)
         .await?;
     }
-    drop_key_signatures(db, user, device).await
+    drop_key_signatures_in(conn, user, device).await
 }

@@ -32,9 +32,11 @@ fn to_device(row: DeviceRow) -> Device {
 async fn authorize_with_password(
     state: &AppState,
     me: &crate::account::Requester,
+    devices: &[&str],
     auth: &Option<ruma::api::client::uiaa::AuthData>,
 ) -> Result<uia::Grant> {
-    uia::authorize(state, uia::Purpose::DeleteDevices, Some(me), &[&[uia::PASSWORD]], auth.as_ref()).await
+    uia::authorize(state, uia::Purpose::DeleteDevices(devices), Some(me), &[&[uia::PASSWORD]], auth.as_ref())
+        .await
 }
 
 fn no_such_device() -> Error {
@@ -84,8 +86,9 @@ async fn delete(
     if devices::get(&state.db, me.user_id.as_str(), req.body.device_id.as_str()).await?.is_none() {
         return Err(no_such_device());
     }
-    let grant = authorize_with_password(&state, me, &req.body.auth).await?;
-    crate::account::e2ee::remove_devices(&state, &me.user_id, &[req.body.device_id.as_str()]).await?;
+    let ids = [req.body.device_id.as_str()];
+    let grant = authorize_with_password(&state, me, &ids, &req.body.auth).await?;
+    crate::account::e2ee::remove_devices(&state, &me.user_id, &ids).await?;
     grant.finish(&state).await?;
     Ok(delete_device::v3::Response::new())
 }
@@ -95,8 +98,8 @@ async fn delete_many(
     req: Ruma<delete_devices::v3::Request>,
 ) -> Result<delete_devices::v3::Response> {
     let me = req.requester()?;
-    let grant = authorize_with_password(&state, me, &req.body.auth).await?;
     let ids: Vec<&str> = req.body.devices.iter().map(|d| d.as_str()).collect();
+    let grant = authorize_with_password(&state, me, &ids, &req.body.auth).await?;
     crate::account::e2ee::remove_devices(&state, &me.user_id, &ids).await?;
     grant.finish(&state).await?;
     Ok(delete_devices::v3::Response::new())

@@ -111,12 +111,24 @@ async fn read_markers(
     Ok(set_read_marker::v3::Response::new())
 }
 
+/// Account data the server keeps itself: written through its own APIs
+/// (push rules, read markers), never through the account-data API.
+fn client_writable(kind: &str) -> Result<()> {
+    if matches!(kind, "m.push_rules" | "m.fully_read") {
+        return Err(Error::ServerControlled(format!(
+            "{kind} is controlled by the server; use its own API to change it"
+        )));
+    }
+    Ok(())
+}
+
 async fn put_global(
     state: AppState,
     req: Ruma<set_global_account_data::v3::Request>,
 ) -> Result<set_global_account_data::v3::Response> {
     let me = req.requester()?;
     own(me, &req.body.user_id)?;
+    client_writable(&req.body.event_type.to_string())?;
     let content = raw_object(&req.body.data)?;
     writes::set_account_data(&state, &me.user_id, None, &req.body.event_type.to_string(), &content).await?;
     Ok(set_global_account_data::v3::Response::new())
@@ -141,6 +153,7 @@ async fn put_room(
 ) -> Result<set_room_account_data::v3::Response> {
     let me = req.requester()?;
     own(me, &req.body.user_id)?;
+    client_writable(&req.body.event_type.to_string())?;
     let content = raw_object(&req.body.data)?;
     writes::set_account_data(
         &state,

@@ -30,12 +30,18 @@ async fn set(state: AppState, req: Ruma<set_presence::v3::Request>) -> Result<se
 }
 
 async fn get(state: AppState, req: Ruma<get_presence::v3::Request>) -> Result<Value> {
-    req.requester()?;
+    let me = req.requester()?;
     let user = &req.body.user_id;
     if user.server_name() != state.settings.server_name
         || !users::localpart_exists(&state.db, user.localpart()).await?
     {
         return Err(Error::NotFound("Unknown user".into()));
+    }
+    // One's own, and that of those one shares a room with (as Synapse).
+    if user != &me.user_id
+        && !crate::sync::room_peers(&state, &me.user_id).await?.iter().any(|p| p == user.as_str())
+    {
+        return Err(Error::Forbidden("You do not share a room with this user".into()));
     }
     // With presence off nothing is ever stored: everyone reads as offline.
     Ok(match state.presence.get(user.as_str()) {

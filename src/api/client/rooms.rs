@@ -265,6 +265,13 @@ async fn members(state: AppState, req: Ruma<get_member_events::v3::Request>) -> 
     let view = read::open(&state, &body.room_id).await?;
     let access = read::access(&state, &view, &me.user_id).await?;
     let at = body.at.as_deref().map(crate::room::history::parse_token).transpose()?;
+    // The event at that point must be one the caller may read (as Synapse):
+    // the membership there would tell what they may not see.
+    if let Some(at) = at
+        && !access.ranges.contains(at)
+    {
+        return Err(Error::Forbidden("You may not see the room at that point".into()));
+    }
     let mut chunk = Vec::new();
     for loaded in read::visible_state(&state, &view, &access, at).await? {
         if loaded.pdu.kind.to_string() != "m.room.member" {
