@@ -103,6 +103,16 @@ pub struct Config {
     pub presence: PresenceConfig,
     /// VoIP (TURN servers for calls).
     pub voip: Voip,
+    /// Requests seqline makes to other hosts.
+    pub outbound: OutboundConfig,
+}
+
+/// Outbound request settings.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// CIDR ranges exempt from the default refusal of internal addresses.
+    pub ip_allow: Vec<String>,
 }
 
 /// Presence settings.
@@ -223,6 +233,7 @@ impl Default for Config {
             history: History::default(),
             presence: PresenceConfig::default(),
             voip: Voip::default(),
+            outbound: OutboundConfig::default(),
         }
     }
 }
@@ -293,6 +304,8 @@ pub struct Settings {
     pub presence_enabled: bool,
     /// TURN settings.
     pub voip: Voip,
+    /// Ranges outbound requests may reach despite the default refusals.
+    pub outbound_ip_allow: Vec<ipnet::IpNet>,
 }
 
 impl Config {
@@ -383,6 +396,10 @@ impl Config {
             self.voip.turn_uris =
                 v.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
         }
+        if let Some(v) = env("SEQLINE_OUTBOUND_IP_ALLOW") {
+            self.outbound.ip_allow =
+                v.split(',').map(str::trim).filter(|r| !r.is_empty()).map(String::from).collect();
+        }
         if let Some(v) = env("SEQLINE_TURN_SHARED_SECRET") {
             self.voip.turn_shared_secret = v;
         }
@@ -470,6 +487,16 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
         }
+        let outbound_ip_allow = self
+            .outbound
+            .ip_allow
+            .iter()
+            .map(|r| {
+                r.parse::<ipnet::IpNet>().map_err(|_| {
+                    ConfigError(format!("outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let public_baseurl = if self.public_baseurl.is_empty() {
             None
         } else if self.public_baseurl.starts_with("http://") || self.public_baseurl.starts_with("https://") {
@@ -501,6 +528,7 @@ impl Config {
             purge_power_level: self.history.purge_power_level,
             presence_enabled: self.presence.enabled,
             voip: self.voip,
+            outbound_ip_allow,
         })
     }
 }
@@ -546,6 +574,10 @@ mod tests {
         assert_eq!(s.client_listen.port(), 9000);
         assert_eq!(s.registration_tokens, vec!["a", "b"]);
         assert!(!s.rate_limits.enabled);
+        let env = |k: &str| (k == "SEQLINE_OUTBOUND_IP_ALLOW").then(|| "127.0.0.0/8, ::1/128".to_owned());
+        let s = Config::load(None, env).unwrap().validate().unwrap();
+        assert_eq!(s.outbound_ip_allow.len(), 2);
+        assert!(s.outbound_ip_allow[1].contains(&"::1".parse::<std::net::IpAddr>().unwrap()));
     }
 
     #[test]
@@ -566,6 +598,9 @@ mod tests {
         assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_REGISTRATION"));
         let env = |k: &str| (k == "SEQLINE_SQLITE_SYNCHRONOUS").then(|| "off".to_owned());
         assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_SQLITE_SYNCHRONOUS"));
+        let env = |k: &str| (k == "SEQLINE_OUTBOUND_IP_ALLOW").then(|| "127.0.0.0/8, localhost".to_owned());
+        let err = Config::load(None, env).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("outbound.ip_allow") && err.0.contains("localhost"), "{err}");
         let err = Config::parse("sqlite_synchronous = \"off\"").unwrap_err();
         assert!(err.0.starts_with("line 1"), "{err}");
     }

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::account::Requester;
 use crate::error::{Error, Result};
+use crate::outbound::{self, OutboundError};
 use crate::room::history::{self, Dir, EventFilter, PageRequest};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
@@ -353,14 +354,45 @@ fn notification_body(event: &Value, pusher: &Value, unread: u64, outcome: Outcom
     serde_json::json!({ "notification": notification })
 }
 
+/// The longest push gateway reply read; a longer one is abandoned.
+const MAX_GATEWAY_REPLY_BYTES: usize = 64 * 1024;
+
+/// Whether a failed request was refused by the outbound address policy
+/// (for a name, the refusal comes back from inside reqwest).
+fn refused_by_policy(error: &OutboundError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if matches!(
+            e.downcast_ref::<OutboundError>(),
+            Some(OutboundError::Refused(_) | OutboundError::BadUrl(_))
+        ) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// POSTs to a push gateway: up to five tries with doubling waits; a gateway
-/// that rejects the pushkey gets the pusher removed, as the spec asks.
+/// that rejects the pushkey gets the pusher removed, as the spec asks. A
+/// destination the outbound policy refuses, a redirect (never followed), a
+/// 4xx other than 429 or a reply over [`MAX_GATEWAY_REPLY_BYTES`] ends it.
 async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url: &str, body: &Value) {
     let mut wait = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {
-        match state.http.post(url).json(body).send().await {
+        let sent = match state.outbound.post(url) {
+            Ok(request) => request.json(body).send().await.map_err(OutboundError::from),
+            Err(e) => Err(e),
+        };
+        match sent {
             Ok(response) if response.status().is_success() => {
-                let reply: Value = response.json().await.unwrap_or_default();
+                let reply = match outbound::read_capped(response, MAX_GATEWAY_REPLY_BYTES).await {
+                    Ok(bytes) => serde_json::from_slice::<Value>(&bytes).unwrap_or_default(),
+                    Err(e) => {
+                        tracing::warn!(%url, "push gateway reply not read: {e}");
+                        return;
+                    }
+                };
                 let rejected = reply["rejected"].as_array().is_some_and(|r| r.iter().any(|k| k == pushkey));
                 if rejected
                     && let Err(e) = account_data::set_pusher(&state.db, user, app_id, pushkey, None).await
@@ -369,12 +401,20 @@ async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url:
                 }
                 return;
             }
+            Ok(response) if response.status().is_redirection() => {
+                tracing::warn!(%url, status = %response.status(), "push gateway answered with a redirect, not followed");
+                return;
+            }
             Ok(response) if response.status().is_client_error() && response.status().as_u16() != 429 => {
                 tracing::warn!(%url, status = %response.status(), "push gateway refused the notification");
                 return;
             }
             Ok(response) => {
                 tracing::debug!(%url, attempt, status = %response.status(), "push gateway error, retrying")
+            }
+            Err(e) if refused_by_policy(&e) => {
+                tracing::warn!(%url, "push gateway not contacted: {e}");
+                return;
             }
             Err(e) => tracing::debug!(%url, attempt, "push gateway unreachable, retrying: {e}"),
         }
