@@ -354,8 +354,61 @@ fn notification_body(event: &Value, pusher: &Value, unread: u64, outcome: Outcom
     serde_json::json!({ "notification": notification })
 }
 
+/// The most pushers one user may have (Synapse has no limit; each one is a
+/// request per notifying event).
+pub const MAX_PUSHERS_PER_USER: i64 = 20;
+
 /// The longest push gateway reply read; a longer one is abandoned.
 const MAX_GATEWAY_REPLY_BYTES: usize = 64 * 1024;
+
+/// The one path of the Push Gateway API's notify endpoint.
+const NOTIFY_PATH: &str = "/_matrix/push/v1/notify";
+
+/// Adds (or replaces) a pusher for the device whose token sets it: it lives
+/// as long as that token. An HTTP pusher's `url` must be an http(s) URL of a
+/// gateway's notify endpoint; a user has at most [`MAX_PUSHERS_PER_USER`].
+pub async fn add_pusher(
+    state: &AppState,
+    me: &Requester,
+    pusher: &ruma::api::client::push::Pusher,
+) -> Result<()> {
+    if let ruma::api::client::push::PusherKind::Http(http) = &pusher.kind {
+        check_gateway_url(&http.url)?;
+    }
+    let text = serde_json::to_string(pusher).map_err(|e| Error::Internal(e.to_string()))?;
+    let ids = &pusher.ids;
+    let user = me.user_id.as_str();
+    if !account_data::add_pusher(
+        &state.db,
+        user,
+        me.device_id.as_str(),
+        &ids.app_id,
+        &ids.pushkey,
+        &text,
+        MAX_PUSHERS_PER_USER,
+    )
+    .await?
+    {
+        return Err(Error::Forbidden(format!(
+            "Too many pushers: a user may have at most {MAX_PUSHERS_PER_USER}"
+        )));
+    }
+    state.pusher_users.write().unwrap_or_else(|e| e.into_inner()).insert(user.to_owned());
+    Ok(())
+}
+
+/// An HTTP pusher's `data.url`: http or https, a host, the notify path.
+fn check_gateway_url(url: &str) -> Result<()> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| Error::InvalidParam(format!("'url' in data is not a valid URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none_or(str::is_empty) {
+        return Err(Error::InvalidParam("'url' in data must be an http or https URL with a host".into()));
+    }
+    if parsed.path() != NOTIFY_PATH {
+        return Err(Error::InvalidParam(format!("'url' in data must have the path {NOTIFY_PATH}")));
+    }
+    Ok(())
+}
 
 /// Whether a failed request was refused by the outbound address policy
 /// (for a name, the refusal comes back from inside reqwest).
@@ -395,7 +448,7 @@ async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url:
                 };
                 let rejected = reply["rejected"].as_array().is_some_and(|r| r.iter().any(|k| k == pushkey));
                 if rejected
-                    && let Err(e) = account_data::set_pusher(&state.db, user, app_id, pushkey, None).await
+                    && let Err(e) = account_data::delete_pusher(&state.db, user, app_id, pushkey).await
                 {
                     tracing::warn!("removing a rejected pusher failed: {e}");
                 }

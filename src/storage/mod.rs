@@ -148,6 +148,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (9, "key_backup", include_str!("../../migrations/sqlite/0009_key_backup.sql")),
     (10, "read_epoch", include_str!("../../migrations/sqlite/0010_read_epoch.sql")),
     (11, "state_changes", include_str!("../../migrations/sqlite/0011_state_changes.sql")),
+    (12, "pusher_device", include_str!("../../migrations/sqlite/0012_pusher_device.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -162,6 +163,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (9, "key_backup", include_str!("../../migrations/postgres/0009_key_backup.sql")),
     (10, "read_epoch", include_str!("../../migrations/postgres/0010_read_epoch.sql")),
     (11, "state_changes", include_str!("../../migrations/postgres/0011_state_changes.sql")),
+    (12, "pusher_device", include_str!("../../migrations/postgres/0012_pusher_device.sql")),
 ];
 
 impl Db {
