@@ -10,7 +10,7 @@ use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Options, Server, User};
 use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 backend_tests!(
@@ -19,6 +19,7 @@ backend_tests!(
     internal_addresses_are_not_contacted_without_the_allow_setting,
     gateway_redirects_are_not_followed,
     a_huge_gateway_reply_is_abandoned,
+    https_gateways_must_present_a_trusted_certificate,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -80,7 +81,7 @@ async fn gateway(reply: Reply) -> (String, u16, UnboundedReceiver<Value>) {
     (url, port, rx)
 }
 
-async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Value> {
+async fn read_request<S: AsyncRead + Unpin>(socket: &mut S) -> Option<Value> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -101,6 +102,51 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Value> {
             return Some(serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or_default());
         }
     }
+}
+
+/// A push gateway speaking TLS with a certificate for 127.0.0.1 from the
+/// test CA (`fixtures/`): each handshake's outcome, then the POST body, arrives
+/// on the channel.
+async fn tls_gateway() -> (String, UnboundedReceiver<Result<Value, String>>) {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer> =
+        CertificateDer::pem_slice_iter(include_bytes!("fixtures/gateway-127.0.0.1.pem"))
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(include_bytes!("fixtures/gateway-127.0.0.1.key")).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}/_matrix/push/v1/notify", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let (tx, acceptor) = (tx.clone(), acceptor.clone());
+            tokio::spawn(async move {
+                let mut tls = match acceptor.accept(socket).await {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let Some(body) = read_request(&mut tls).await else { return };
+                let _ = tx.send(Ok(body));
+                let r = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"rejected\":[]}";
+                let _ = tls.write_all(r.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (url, rx)
 }
 
 fn allowing_loopback() -> Options {
@@ -367,4 +413,31 @@ async fn a_huge_gateway_reply_is_abandoned(backend: Backend) {
     assert_eq!(pushkeys(&server, &bob.token).await, ["bob-key"], "the reply was not acted on");
     let (status, _) = server.get("/_matrix/client/versions", None).await;
     assert_eq!(status, 200);
+}
+
+async fn https_gateways_must_present_a_trusted_certificate(backend: Backend) {
+    // The gateway's CA is in no trust store: the handshake fails, nothing is posted.
+    let server = Server::start_with(&backend, allowing_loopback()).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let (url, mut seen) = tls_gateway().await;
+    set_pusher(&server, &bob.token, "bob-key", &url).await;
+    let room = room_with(&server, &alice, &[&bob]).await;
+    say(&server, &alice, &room, "hello").await;
+    let first = tokio::time::timeout(WAIT, seen.recv()).await.expect("a TLS handshake in time").unwrap();
+    assert!(first.is_err(), "an untrusted certificate must fail the handshake: {first:?}");
+
+    // The same kind of gateway, its CA trusted (the platform verifier reads
+    // SSL_CERT_FILE): the push arrives over TLS.
+    let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/test-ca.pem");
+    let trusting = Server::start_with(&backend, allowing_loopback().env("SSL_CERT_FILE", ca)).await;
+    let alice = trusting.register("alice", "pw").await;
+    let bob = trusting.register("bob", "pw").await;
+    let (url, mut seen) = tls_gateway().await;
+    set_pusher(&trusting, &bob.token, "bob-key", &url).await;
+    let room = room_with(&trusting, &alice, &[&bob]).await;
+    let event = say(&trusting, &alice, &room, "hello").await;
+    let got = tokio::time::timeout(WAIT, seen.recv()).await.expect("a push in time").unwrap();
+    let body = got.expect("a trusted certificate completes the handshake");
+    assert_eq!(body["notification"]["event_id"], event.as_str(), "{body}");
 }
