@@ -29,8 +29,11 @@ pub enum OutboundError {
     /// The answer is longer than the caller accepts.
     #[error("reply over {0} bytes")]
     TooLarge(usize),
-    /// Connecting, TLS, or HTTP failed (a refused name also ends here).
+    /// The client cannot be built (no CA certificates on the system, say).
     #[error("{0}")]
+    Setup(String),
+    /// Connecting, TLS, or HTTP failed (a refused name also ends here).
+    #[error("{}", with_causes(.0))]
     Http(#[from] reqwest::Error),
 }
 
@@ -166,7 +169,8 @@ impl Outbound {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(30))
             .user_agent(concat!("seqline/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+            .build()
+            .map_err(|e| OutboundError::Setup(with_causes(&e)))?;
         Ok(Self { client, policy })
     }
 
@@ -195,6 +199,18 @@ impl Outbound {
     pub fn post(&self, url: &str) -> Result<reqwest::RequestBuilder, OutboundError> {
         self.request(reqwest::Method::POST, url)
     }
+}
+
+/// An error with the errors that caused it, outermost first.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 /// Reads a response body of at most `max` bytes; a longer one (by its

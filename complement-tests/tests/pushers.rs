@@ -376,8 +376,8 @@ async fn internal_addresses_are_not_contacted_without_the_allow_setting(backend:
     set_pusher(&server, &bob.token, "by-name", &by_name).await;
     let room = room_with(&server, &alice, &[&bob]).await;
     say(&server, &alice, &room, "hello").await;
-    wait_for_log(&server, &["push gateway not contacted", &url], 1).await;
-    wait_for_log(&server, &["push gateway not contacted", &by_name], 1).await;
+    wait_for_log(&server, &["push gateway not contacted", "address not allowed", &url], 1).await;
+    wait_for_log(&server, &["push gateway not contacted", "address not allowed", &by_name], 1).await;
     let got = tokio::time::timeout(Duration::from_millis(0), pushed.recv()).await;
     assert!(got.is_err(), "the loopback gateway got a request: {got:?}");
 }
