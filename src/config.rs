@@ -492,9 +492,14 @@ impl Config {
             .ip_allow
             .iter()
             .map(|r| {
-                r.parse::<ipnet::IpNet>().map_err(|_| {
-                    ConfigError(format!("outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"))
-                })
+                // A bare address is the range of that one address.
+                r.parse::<ipnet::IpNet>()
+                    .or_else(|_| r.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        ConfigError(format!(
+                            "outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"
+                        ))
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let public_baseurl = if self.public_baseurl.is_empty() {
@@ -574,10 +579,11 @@ mod tests {
         assert_eq!(s.client_listen.port(), 9000);
         assert_eq!(s.registration_tokens, vec!["a", "b"]);
         assert!(!s.rate_limits.enabled);
-        let env = |k: &str| (k == "SEQLINE_OUTBOUND_IP_ALLOW").then(|| "127.0.0.0/8, ::1/128".to_owned());
+        let env =
+            |k: &str| (k == "SEQLINE_OUTBOUND_IP_ALLOW").then(|| "127.0.0.0/8, ::1, 10.0.0.7".to_owned());
         let s = Config::load(None, env).unwrap().validate().unwrap();
-        assert_eq!(s.outbound_ip_allow.len(), 2);
-        assert!(s.outbound_ip_allow[1].contains(&"::1".parse::<std::net::IpAddr>().unwrap()));
+        let ips: Vec<String> = s.outbound_ip_allow.iter().map(|n| n.to_string()).collect();
+        assert_eq!(ips, ["127.0.0.0/8", "::1/128", "10.0.0.7/32"]);
     }
 
     #[test]
