@@ -105,6 +105,8 @@ pub struct Config {
     pub voip: Voip,
     /// Media limits.
     pub media: MediaConfig,
+    /// Requests seqline makes to other hosts.
+    pub outbound: OutboundConfig,
 }
 
 /// Media limits.
@@ -121,6 +123,14 @@ impl Default for MediaConfig {
     fn default() -> Self {
         Self { max_thumbnail_pixels: 32 * 1024 * 1024, max_pending_uploads: 5 }
     }
+}
+
+/// Outbound request settings.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// CIDR ranges exempt from the default refusal of internal addresses.
+    pub ip_allow: Vec<String>,
 }
 
 /// Presence settings.
@@ -256,6 +266,7 @@ impl Default for Config {
             presence: PresenceConfig::default(),
             voip: Voip::default(),
             media: MediaConfig::default(),
+            outbound: OutboundConfig::default(),
         }
     }
 }
@@ -328,6 +339,8 @@ pub struct Settings {
     pub voip: Voip,
     /// Media limits.
     pub media: MediaConfig,
+    /// Ranges outbound requests may reach despite the default refusals.
+    pub outbound_ip_allow: Vec<ipnet::IpNet>,
 }
 
 impl Config {
@@ -417,6 +430,10 @@ impl Config {
         if let Some(v) = env("SEQLINE_TURN_URIS") {
             self.voip.turn_uris =
                 v.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+        }
+        if let Some(v) = env("SEQLINE_OUTBOUND_IP_ALLOW") {
+            self.outbound.ip_allow =
+                v.split(',').map(str::trim).filter(|r| !r.is_empty()).map(String::from).collect();
         }
         if let Some(v) = env("SEQLINE_TURN_SHARED_SECRET") {
             self.voip.turn_shared_secret = v;
@@ -531,6 +548,21 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
         }
+        let outbound_ip_allow = self
+            .outbound
+            .ip_allow
+            .iter()
+            .map(|r| {
+                // A bare address is the range of that one address.
+                r.parse::<ipnet::IpNet>()
+                    .or_else(|_| r.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        ConfigError(format!(
+                            "outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let public_baseurl = if self.public_baseurl.is_empty() {
             None
         } else if self.public_baseurl.starts_with("http://") || self.public_baseurl.starts_with("https://") {
@@ -563,6 +595,7 @@ impl Config {
             presence_enabled: self.presence.enabled,
             voip: self.voip,
             media: self.media,
+            outbound_ip_allow,
         })
     }
 }
@@ -618,6 +651,11 @@ mod tests {
         let env = |k: &str| (k == "SEQLINE_MAX_THUMBNAIL_PIXELS").then(|| "0".to_owned());
         let err = Config::load(None, env).unwrap().validate().unwrap_err();
         assert!(err.0.starts_with("media.max_thumbnail_pixels"), "{err}");
+        let env =
+            |k: &str| (k == "SEQLINE_OUTBOUND_IP_ALLOW").then(|| "127.0.0.0/8, ::1, 10.0.0.7".to_owned());
+        let s = Config::load(None, env).unwrap().validate().unwrap();
+        let ips: Vec<String> = s.outbound_ip_allow.iter().map(|n| n.to_string()).collect();
+        assert_eq!(ips, ["127.0.0.0/8", "::1/128", "10.0.0.7/32"]);
     }
 
     #[test]
@@ -638,6 +676,9 @@ mod tests {
         assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_REGISTRATION"));
         let env = |k: &str| (k == "SEQLINE_SQLITE_SYNCHRONOUS").then(|| "off".to_owned());
         assert!(Config::load(None, env).unwrap_err().0.starts_with("SEQLINE_SQLITE_SYNCHRONOUS"));
+        let env = |k: &str| (k == "SEQLINE_OUTBOUND_IP_ALLOW").then(|| "127.0.0.0/8, localhost".to_owned());
+        let err = Config::load(None, env).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("outbound.ip_allow") && err.0.contains("localhost"), "{err}");
         let err = Config::parse("sqlite_synchronous = \"off\"").unwrap_err();
         assert!(err.0.starts_with("line 1"), "{err}");
     }

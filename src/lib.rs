@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod media;
 pub mod notify;
+pub mod outbound;
 pub mod ratelimit;
 pub mod room;
 pub mod server;

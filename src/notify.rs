@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::account::Requester;
 use crate::error::{Error, Result};
+use crate::outbound::{self, OutboundError};
 use crate::room::history::{self, Dir, EventFilter, PageRequest};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
@@ -353,20 +354,108 @@ fn notification_body(event: &Value, pusher: &Value, unread: u64, outcome: Outcom
     serde_json::json!({ "notification": notification })
 }
 
+/// The most pushers one user may have (Synapse has no limit; each one is a
+/// request per notifying event).
+pub const MAX_PUSHERS_PER_USER: i64 = 20;
+
+/// The longest push gateway reply read; a longer one is abandoned.
+const MAX_GATEWAY_REPLY_BYTES: usize = 64 * 1024;
+
+/// The one path of the Push Gateway API's notify endpoint.
+const NOTIFY_PATH: &str = "/_matrix/push/v1/notify";
+
+/// Adds (or replaces) a pusher for the device whose token sets it: it lives
+/// as long as that token. An HTTP pusher's `url` must be an http(s) URL of a
+/// gateway's notify endpoint; a user has at most [`MAX_PUSHERS_PER_USER`].
+pub async fn add_pusher(
+    state: &AppState,
+    me: &Requester,
+    pusher: &ruma::api::client::push::Pusher,
+) -> Result<()> {
+    if let ruma::api::client::push::PusherKind::Http(http) = &pusher.kind {
+        check_gateway_url(&http.url)?;
+    }
+    let text = serde_json::to_string(pusher).map_err(|e| Error::Internal(e.to_string()))?;
+    let ids = &pusher.ids;
+    let user = me.user_id.as_str();
+    if !account_data::add_pusher(
+        &state.db,
+        user,
+        me.device_id.as_str(),
+        &ids.app_id,
+        &ids.pushkey,
+        &text,
+        MAX_PUSHERS_PER_USER,
+    )
+    .await?
+    {
+        return Err(Error::Forbidden(format!(
+            "Too many pushers: a user may have at most {MAX_PUSHERS_PER_USER}"
+        )));
+    }
+    state.pusher_users.write().unwrap_or_else(|e| e.into_inner()).insert(user.to_owned());
+    Ok(())
+}
+
+/// An HTTP pusher's `data.url`: http or https, a host, the notify path.
+fn check_gateway_url(url: &str) -> Result<()> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| Error::InvalidParam(format!("'url' in data is not a valid URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none_or(str::is_empty) {
+        return Err(Error::InvalidParam("'url' in data must be an http or https URL with a host".into()));
+    }
+    if parsed.path() != NOTIFY_PATH {
+        return Err(Error::InvalidParam(format!("'url' in data must have the path {NOTIFY_PATH}")));
+    }
+    Ok(())
+}
+
+/// Whether a failed request was refused by the outbound address policy
+/// (for a name, the refusal comes back from inside reqwest).
+fn refused_by_policy(error: &OutboundError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if matches!(
+            e.downcast_ref::<OutboundError>(),
+            Some(OutboundError::Refused(_) | OutboundError::BadUrl(_))
+        ) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// POSTs to a push gateway: up to five tries with doubling waits; a gateway
-/// that rejects the pushkey gets the pusher removed, as the spec asks.
+/// that rejects the pushkey gets the pusher removed, as the spec asks. A
+/// destination the outbound policy refuses, a redirect (never followed), a
+/// 4xx other than 429 or a reply over [`MAX_GATEWAY_REPLY_BYTES`] ends it.
 async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url: &str, body: &Value) {
     let mut wait = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {
-        match state.http.post(url).json(body).send().await {
+        let sent = match state.outbound.post(url) {
+            Ok(request) => request.json(body).send().await.map_err(OutboundError::from),
+            Err(e) => Err(e),
+        };
+        match sent {
             Ok(response) if response.status().is_success() => {
-                let reply: Value = response.json().await.unwrap_or_default();
+                let reply = match outbound::read_capped(response, MAX_GATEWAY_REPLY_BYTES).await {
+                    Ok(bytes) => serde_json::from_slice::<Value>(&bytes).unwrap_or_default(),
+                    Err(e) => {
+                        tracing::warn!(%url, "push gateway reply not read: {e}");
+                        return;
+                    }
+                };
                 let rejected = reply["rejected"].as_array().is_some_and(|r| r.iter().any(|k| k == pushkey));
                 if rejected
-                    && let Err(e) = account_data::set_pusher(&state.db, user, app_id, pushkey, None).await
+                    && let Err(e) = account_data::delete_pusher(&state.db, user, app_id, pushkey).await
                 {
                     tracing::warn!("removing a rejected pusher failed: {e}");
                 }
+                return;
+            }
+            Ok(response) if response.status().is_redirection() => {
+                tracing::warn!(%url, status = %response.status(), "push gateway answered with a redirect, not followed");
                 return;
             }
             Ok(response) if response.status().is_client_error() && response.status().as_u16() != 429 => {
@@ -375,6 +464,10 @@ async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url:
             }
             Ok(response) => {
                 tracing::debug!(%url, attempt, status = %response.status(), "push gateway error, retrying")
+            }
+            Err(e) if refused_by_policy(&e) => {
+                tracing::warn!(%url, "push gateway not contacted: {e}");
+                return;
             }
             Err(e) => tracing::debug!(%url, attempt, "push gateway unreachable, retrying: {e}"),
         }

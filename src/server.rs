@@ -21,7 +21,10 @@ pub async fn open(settings: Settings) -> Result<AppState> {
     let db = Db::connect(&settings.database_url, settings.sqlite_synchronous).await?;
     let last_stream = crate::storage::account_data::max_stream(&db).await?;
     let pusher_users = crate::storage::account_data::pusher_users(&db).await?.into_iter().collect();
-    Ok(AppState::new(settings, db, key, last_stream, pusher_users))
+    let outbound = crate::outbound::Outbound::new(settings.outbound_ip_allow.clone()).map_err(|e| {
+        Error::Internal(format!("outbound HTTP client: {e} (HTTPS needs the system's CA certificates)"))
+    })?;
+    Ok(AppState::new(settings, db, key, last_stream, pusher_users, outbound))
 }
 
 /// Binds the listener, opens the server and serves the client API until a

@@ -39,8 +39,8 @@ pub struct Services {
     pub counts: crate::notify::CountCache,
     /// Users with at least one pusher (so the send path asks no more).
     pub pusher_users: std::sync::RwLock<std::collections::HashSet<String>>,
-    /// Outgoing HTTP (push gateways).
-    pub http: reqwest::Client,
+    /// Outgoing HTTP (push gateways): address checks, TLS, no redirects.
+    pub outbound: crate::outbound::Outbound,
     /// Access tokens resolved recently.
     pub tokens: crate::account::TokenCache,
     /// Room appends waiting to be written in batches.
@@ -61,6 +61,7 @@ impl AppState {
         signing_key: ServerKey,
         last_stream: i64,
         pusher_users: std::collections::HashSet<String>,
+        outbound: crate::outbound::Outbound,
     ) -> Self {
         let rate_limiter = RateLimiter::new(settings.rate_limits.clone());
         Self(Arc::new(Services {
@@ -74,11 +75,7 @@ impl AppState {
             presence: crate::sync::presence::PresenceMap::default(),
             counts: crate::notify::CountCache::default(),
             pusher_users: std::sync::RwLock::new(pusher_users),
-            http: reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(30))
-                .user_agent(concat!("seqline/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .unwrap_or_default(),
+            outbound,
             tokens: crate::account::TokenCache::default(),
             write_queue: crate::room::timeline::WriteQueue::default(),
             read_cache: crate::room::cache::ReadCache::default(),

@@ -385,6 +385,8 @@ const ATTEMPTS: u32 = 5;
 impl Hs {
     /// A client for `base_url`.
     pub fn new(base_url: &str) -> Res<Self> {
+        // Built with seqline in one workspace, reqwest needs a rustls provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
             .pool_max_idle_per_host(64)

@@ -162,6 +162,8 @@ impl Server {
             std::fs::write(&path, text).expect("write config");
             path
         });
+        // Built with seqline in one workspace, reqwest needs a rustls provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut server = Self {
             child: None,
             base_url: String::new(),

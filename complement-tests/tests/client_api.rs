@@ -418,7 +418,9 @@ async fn fake_gateway() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>)
 }
 
 async fn pushes_reach_the_gateway_only_for_holders(backend: Backend) {
-    let server = Server::start(&backend).await;
+    // The fake gateway is on loopback, which outbound requests refuse by default.
+    let options = Options::default().env("SEQLINE_OUTBOUND_IP_ALLOW", "127.0.0.0/8");
+    let server = Server::start_with(&backend, options).await;
     let alice = server.register("alice", "pw").await;
     let bob = server.register("bob", "pw").await;
     let (url, mut pushed) = fake_gateway().await;

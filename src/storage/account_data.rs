@@ -1,6 +1,6 @@
 //! Account data (global and per room) and stored sync filters.
 
-use super::Db;
+use super::{Backend, Db};
 use crate::error::Result;
 
 /// Sets account data at stream position `stream`; `room_id` '' is global.
@@ -97,36 +97,61 @@ pub async fn pushers(db: &Db, user_id: &str) -> Result<Vec<String>> {
         .await?)
 }
 
-/// Sets (`Some`) or deletes (`None`) a pusher.
-pub async fn set_pusher(
+/// Stores a pusher (replacing the user's one with the same app id and
+/// pushkey) for the device whose token set it, unless the user would then
+/// have more than `max`: false, and nothing changed.
+pub async fn add_pusher(
     db: &Db,
     user_id: &str,
+    device_id: &str,
     app_id: &str,
     pushkey: &str,
-    pusher: Option<&str>,
-) -> Result<()> {
-    match pusher {
-        Some(p) => {
-            sqlx::query(
-                "INSERT INTO pushers (user_id, app_id, pushkey, pusher) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (user_id, app_id, pushkey) DO UPDATE SET pusher = excluded.pusher",
-            )
+    pusher: &str,
+    max: i64,
+) -> Result<bool> {
+    let mut tx = db.begin_write().await?;
+    if db.backend == Backend::Postgres {
+        // Two concurrent adds of one user count one after the other.
+        sqlx::query("SELECT user_id FROM users WHERE user_id = $1 FOR UPDATE")
             .bind(user_id)
-            .bind(app_id)
-            .bind(pushkey)
-            .bind(p)
-            .execute(&db.pool)
+            .fetch_optional(tx.conn())
             .await?;
-        }
-        None => {
-            sqlx::query("DELETE FROM pushers WHERE user_id = $1 AND app_id = $2 AND pushkey = $3")
-                .bind(user_id)
-                .bind(app_id)
-                .bind(pushkey)
-                .execute(&db.pool)
-                .await?;
-        }
     }
+    let others: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pushers WHERE user_id = $1 AND NOT (app_id = $2 AND pushkey = $3)",
+    )
+    .bind(user_id)
+    .bind(app_id)
+    .bind(pushkey)
+    .fetch_one(tx.conn())
+    .await?;
+    if others >= max {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO pushers (user_id, device_id, app_id, pushkey, pusher) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (user_id, app_id, pushkey) DO UPDATE SET device_id = excluded.device_id, \
+         pusher = excluded.pusher",
+    )
+    .bind(user_id)
+    .bind(device_id)
+    .bind(app_id)
+    .bind(pushkey)
+    .bind(pusher)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Deletes a pusher.
+pub async fn delete_pusher(db: &Db, user_id: &str, app_id: &str, pushkey: &str) -> Result<()> {
+    sqlx::query("DELETE FROM pushers WHERE user_id = $1 AND app_id = $2 AND pushkey = $3")
+        .bind(user_id)
+        .bind(app_id)
+        .bind(pushkey)
+        .execute(&db.pool)
+        .await?;
     Ok(())
 }
 

@@ -32,7 +32,8 @@ pub struct TokenOwner {
 
 /// Gives the device a new token, creating the device if it does not exist
 /// (an existing device keeps its display name: the spec ignores
-/// `initial_device_display_name` for a known device).
+/// `initial_device_display_name` for a known device). The pushers set with
+/// the device's previous token go with it.
 pub async fn login(
     db: &Db,
     user_id: &str,
@@ -42,6 +43,12 @@ pub async fn login(
     now: i64,
     ip: Option<&str>,
 ) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    sqlx::query("DELETE FROM pushers WHERE user_id = $1 AND device_id = $2")
+        .bind(user_id)
+        .bind(device_id)
+        .execute(tx.conn())
+        .await?;
     sqlx::query(
         "INSERT INTO devices (user_id, device_id, display_name, token_hash, created_ts, last_seen_ts, last_seen_ip) \
          VALUES ($1, $2, $3, $4, $5, $5, $6) \
@@ -55,8 +62,9 @@ pub async fn login(
     .bind(token_hash)
     .bind(now)
     .bind(ip)
-    .execute(&db.pool)
+    .execute(tx.conn())
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -145,7 +153,8 @@ pub async fn set_display_name(
     Ok(r.rows_affected() > 0)
 }
 
-/// Deletes several devices of a user in one transaction; unknown ids are skipped.
+/// Deletes several devices of a user in one transaction; unknown ids are
+/// skipped. Their pushers go with them (the foreign key cascades).
 pub async fn delete_many(db: &Db, user_id: &str, device_ids: &[&str], stream: i64) -> Result<()> {
     let mut tx = db.begin_write().await?;
     for device_id in device_ids {

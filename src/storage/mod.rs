@@ -149,6 +149,8 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (10, "read_epoch", include_str!("../../migrations/sqlite/0010_read_epoch.sql")),
     (11, "state_changes", include_str!("../../migrations/sqlite/0011_state_changes.sql")),
     (12, "key_signatures", include_str!("../../migrations/sqlite/0012_key_signatures.sql")),
+    (13, "media_pending", include_str!("../../migrations/sqlite/0013_media_pending.sql")),
+    (14, "pusher_device", include_str!("../../migrations/sqlite/0014_pusher_device.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -164,6 +166,8 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (10, "read_epoch", include_str!("../../migrations/postgres/0010_read_epoch.sql")),
     (11, "state_changes", include_str!("../../migrations/postgres/0011_state_changes.sql")),
     (12, "key_signatures", include_str!("../../migrations/postgres/0012_key_signatures.sql")),
+    (13, "media_pending", include_str!("../../migrations/postgres/0013_media_pending.sql")),
+    (14, "pusher_device", include_str!("../../migrations/postgres/0014_pusher_device.sql")),
 ];
 
 impl Db {

@@ -236,15 +236,9 @@ async fn set_pushers(
 ) -> Result<set_pusher::v3::Response> {
     let me = req.requester()?;
     match &req.body.action {
-        PusherAction::Post(data) => {
-            let ids = &data.pusher.ids;
-            let text = serde_json::to_string(&data.pusher).map_err(|e| Error::Internal(e.to_string()))?;
-            account_data::set_pusher(&state.db, me.user_id.as_str(), &ids.app_id, &ids.pushkey, Some(&text))
-                .await?;
-            state.pusher_users.write().unwrap_or_else(|e| e.into_inner()).insert(me.user_id.to_string());
-        }
+        PusherAction::Post(data) => crate::notify::add_pusher(&state, me, &data.pusher).await?,
         PusherAction::Delete(ids) => {
-            account_data::set_pusher(&state.db, me.user_id.as_str(), &ids.app_id, &ids.pushkey, None).await?;
+            account_data::delete_pusher(&state.db, me.user_id.as_str(), &ids.app_id, &ids.pushkey).await?;
         }
         _ => return Err(Error::BadJson("Unknown pusher action".into())),
     }
