@@ -8,6 +8,7 @@ mod auth_tests;
 pub mod cache;
 pub mod create;
 pub mod directory;
+pub mod fields;
 pub mod format;
 pub mod history;
 pub mod joins;

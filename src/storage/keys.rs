@@ -284,9 +284,10 @@ pub async fn device_lists_changed(db: &Db, after: i64, upto: i64) -> Result<Vec<
     .await?)
 }
 
-/// Queues a to-device message.
+/// Queues a to-device message (inside the sender's transaction).
+#[allow(clippy::too_many_arguments)]
 pub async fn put_to_device(
-    db: &Db,
+    conn: &mut AnyConnection,
     user: &str,
     device: &str,
     stream: i64,
@@ -294,8 +295,11 @@ pub async fn put_to_device(
     event_type: &str,
     content: &str,
 ) -> Result<()> {
+    // One message per device and request: a device named twice (by id and
+    // by `*`) gets the first.
     sqlx::query(
-        "INSERT INTO to_device (user_id, device_id, stream, sender, event_type, content) VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO to_device (user_id, device_id, stream, sender, event_type, content) VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT DO NOTHING",
     )
     .bind(user)
     .bind(device)
@@ -303,21 +307,40 @@ pub async fn put_to_device(
     .bind(sender)
     .bind(event_type)
     .bind(content)
-    .execute(&db.pool)
+    .execute(conn)
     .await?;
     Ok(())
 }
 
-/// To-device messages for a device up to `upto`, after dropping those at or
-/// below `acked` (the client's `since`: it has them). All are returned, so a
-/// `next_batch` of `upto` never acknowledges one that was not sent.
+/// Undelivered to-device messages from `sender` to a device.
+pub async fn pending_to_device(
+    conn: &mut AnyConnection,
+    user: &str,
+    device: &str,
+    sender: &str,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT COUNT(*) FROM to_device WHERE user_id = $1 AND device_id = $2 AND sender = $3",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(sender)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// To-device messages for a device up to `upto`, at most `limit`, oldest
+/// first, after dropping those at or below `acked` (the client's token: it
+/// has them): (stream, sender, type, content). A caller that sends fewer than
+/// all up to `upto` must acknowledge only up to the last it sent.
 pub async fn take_to_device(
     db: &Db,
     user: &str,
     device: &str,
     acked: i64,
     upto: i64,
-) -> Result<Vec<(String, String, String)>> {
+    limit: i64,
+) -> Result<Vec<(i64, String, String, String)>> {
     sqlx::query("DELETE FROM to_device WHERE user_id = $1 AND device_id = $2 AND stream <= $3")
         .bind(user)
         .bind(device)
@@ -325,12 +348,13 @@ pub async fn take_to_device(
         .execute(&db.pool)
         .await?;
     Ok(sqlx::query_as(
-        "SELECT sender, event_type, content FROM to_device WHERE user_id = $1 AND device_id = $2 AND stream <= $3 \
-         ORDER BY stream",
+        "SELECT stream, sender, event_type, content FROM to_device \
+         WHERE user_id = $1 AND device_id = $2 AND stream <= $3 ORDER BY stream LIMIT $4",
     )
     .bind(user)
     .bind(device)
     .bind(upto)
+    .bind(limit)
     .fetch_all(&db.pool)
     .await?)
 }

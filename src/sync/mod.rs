@@ -30,20 +30,39 @@ pub struct Token {
     pub stream: i64,
     /// The typing serial.
     pub typing: u64,
+    /// How far the device's to-device messages were sent, when a sync sent
+    /// only some of those up to `stream` (see [`TO_DEVICE_PER_SYNC`]).
+    pub to_device: Option<i64>,
 }
 
+/// The most to-device messages one `/sync` answer carries; the rest come in
+/// the next.
+pub const TO_DEVICE_PER_SYNC: i64 = 100;
+
 impl Token {
-    /// Parses `s<stream>_<typing>`.
+    /// Parses `s<stream>_<typing>` or `s<stream>_<typing>_<to-device>`.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || Error::InvalidParam(format!("Invalid since token {s:?}"));
         let rest = s.strip_prefix('s').ok_or_else(bad)?;
-        let (stream, typing) = rest.split_once('_').ok_or_else(bad)?;
-        Ok(Self { stream: stream.parse().map_err(|_| bad())?, typing: typing.parse().map_err(|_| bad())? })
+        let mut parts = rest.split('_');
+        let stream = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let typing = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let to_device = match parts.next() {
+            Some(p) => Some(p.parse::<i64>().ok().filter(|t| *t <= stream).ok_or_else(bad)?),
+            None => None,
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self { stream, typing, to_device })
     }
 
     /// The opaque form.
     pub fn to_token(self) -> String {
-        format!("s{}_{}", self.stream, self.typing)
+        match self.to_device {
+            Some(t) => format!("s{}_{}_{t}", self.stream, self.typing),
+            None => format!("s{}_{}", self.stream, self.typing),
+        }
     }
 }
 
@@ -96,7 +115,7 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
     let mut wake = state.notifier.subscribe(me.user_id.as_str());
     loop {
         wake.borrow_and_update();
-        let now = Token { stream: state.streams.position(), typing: state.typing.serial() };
+        let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
         let (body, has_news) = build(state, me, req, now).await?;
         if has_news || req.since.is_none() || req.full_state || Instant::now() >= deadline {
             return Ok(body);
@@ -105,7 +124,11 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
         match tokio::time::timeout(remaining, wake.changed()).await {
             Ok(Ok(())) => continue,
             Ok(Err(_)) | Err(_) => {
-                let now = Token { stream: state.streams.position(), typing: state.typing.serial() };
+                let now = Token {
+                    stream: state.streams.position(),
+                    typing: state.typing.serial(),
+                    to_device: None,
+                };
                 return Ok(build(state, me, req, now).await?.0);
             }
         }
@@ -242,19 +265,29 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         }
     }
 
-    let to_device: Vec<Value> = keys::take_to_device(
+    // What the client's token says it has is acknowledged (and deleted);
+    // at most TO_DEVICE_PER_SYNC go out, and the token then says how far.
+    let mut next = now;
+    let mut rows = keys::take_to_device(
         &state.db,
         me.user_id.as_str(),
         me.device_id.as_str(),
-        since.stream,
+        since.to_device.unwrap_or(since.stream),
         now.stream,
+        TO_DEVICE_PER_SYNC + 1,
     )
-    .await?
-    .into_iter()
-    .map(|(sender, kind, content)| {
-        json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
-    })
-    .collect();
+    .await?;
+    if rows.len() > TO_DEVICE_PER_SYNC as usize {
+        rows.truncate(TO_DEVICE_PER_SYNC as usize);
+        next.to_device = rows.last().map(|r| r.0);
+        has_news = true;
+    }
+    let to_device: Vec<Value> = rows
+        .into_iter()
+        .map(|(_, sender, kind, content)| {
+            json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
+        })
+        .collect();
     let changed = if initial {
         Vec::new()
     } else {
@@ -275,7 +308,7 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
     has_news |= !presence.is_empty();
 
     let body = json!({
-        "next_batch": now.to_token(),
+        "next_batch": next.to_token(),
         "rooms": { "join": join, "invite": invite, "leave": leave, "knock": knock },
         "account_data": { "events": global_data },
         "presence": { "events": presence },
@@ -569,9 +602,13 @@ mod tests {
 
     #[test]
     fn tokens_round_trip() {
-        let t = Token { stream: 42, typing: 7 };
+        let t = Token { stream: 42, typing: 7, to_device: None };
         assert_eq!(Token::parse(&t.to_token()).unwrap(), t);
-        for bad in ["", "s", "s1", "x1_2", "s1_x", "s-_1"] {
+        let partial = Token { stream: 42, typing: 7, to_device: Some(40) };
+        assert_eq!(partial.to_token(), "s42_7_40");
+        assert_eq!(Token::parse("s42_7_40").unwrap(), partial);
+        // A to-device position past the stream, or a fourth part, is no token.
+        for bad in ["", "s", "s1", "x1_2", "s1_x", "s-_1", "s42_7_43", "s1_2_1_1", "s1_2_x"] {
             assert!(Token::parse(bad).is_err(), "{bad}");
         }
     }

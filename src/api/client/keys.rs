@@ -175,6 +175,10 @@ async fn upload_sigs(state: AppState, req: Ruma<upload_signatures::v3::Request>)
     Ok(json!({ "failures": failures }))
 }
 
+/// The most undelivered to-device messages one sender may have queued for
+/// one device; past it `/sendToDevice` is 429 and stores nothing.
+const MAX_PENDING_TO_DEVICE: i64 = 1000;
+
 async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let b = &req.body;
@@ -191,28 +195,44 @@ async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Req
             return Ok(json!({}));
         }
     }
+    // Only devices that exist get messages (`*`: all of the user's).
     let mut recipients: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for (user, per_device) in &b.messages {
         if user.server_name() != state.settings.server_name {
             continue;
         }
+        let known: Vec<String> =
+            devices::list(&state.db, user.as_str()).await?.into_iter().map(|d| d.device_id).collect();
         for (target, raw) in per_device {
-            let devices: Vec<String> = match target {
-                DeviceIdOrAllDevices::DeviceId(d) => vec![d.to_string()],
-                DeviceIdOrAllDevices::AllDevices => {
-                    devices::list(&state.db, user.as_str()).await?.into_iter().map(|d| d.device_id).collect()
+            let targets: Vec<&String> = match target {
+                DeviceIdOrAllDevices::DeviceId(d) => {
+                    known.iter().filter(|k| k.as_str() == d.as_str()).collect()
                 }
+                DeviceIdOrAllDevices::AllDevices => known.iter().collect(),
             };
-            for device in devices {
-                recipients.entry(user.to_string()).or_default().push((device, raw.json().get().to_owned()));
+            for device in targets {
+                recipients
+                    .entry(user.to_string())
+                    .or_default()
+                    .push((device.clone(), raw.json().get().to_owned()));
             }
         }
     }
     let reservation = state.streams.reserve();
+    let mut tx = state.db.begin_write().await?;
+    if !events::claim_txn(tx.conn(), txn, "", crate::storage::now_ms()).await? {
+        // The same transaction, sent again meanwhile, is being or was stored.
+        return Ok(json!({}));
+    }
     for (user, list) in &recipients {
         for (device, content) in list {
+            let pending = keys::pending_to_device(tx.conn(), user, device, me.user_id.as_str()).await?;
+            if pending >= MAX_PENDING_TO_DEVICE {
+                // Nothing of the request is stored: the transaction is dropped.
+                return Err(Error::LimitExceeded { retry_after_ms: 10_000 });
+            }
             keys::put_to_device(
-                &state.db,
+                tx.conn(),
                 user,
                 device,
                 reservation.pos,
@@ -223,9 +243,7 @@ async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Req
             .await?;
         }
     }
-    let mut conn = state.db.pool.acquire().await?;
-    events::claim_txn(&mut conn, txn, "", crate::storage::now_ms()).await?;
-    drop(conn);
+    tx.commit().await?;
     drop(reservation);
     state.notifier.wake(recipients.keys().map(String::as_str));
     Ok(json!({}))

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::account::Requester;
 use crate::api::extract::{Ruma, route_json};
 use crate::error::{Error, Result};
+use crate::room::fields::EventFields;
 use crate::room::history::{self, Dir, EventFilter, PageRequest};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
@@ -96,6 +97,7 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
         None => None,
     };
     let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
+    let fields = raw_event_fields(req.query_param("filter"))?;
     let filter = event_filter(&b.filter);
     let page =
         history::page(&state, &view, &access, PageRequest { from, to, dir, limit, filter: &filter }).await?;
@@ -110,7 +112,27 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
         let refs: Vec<&Loaded> = page.events.iter().collect();
         body["state"] = json!(lazy_state(&state, &view, &access, me, &refs).await?);
     }
+    if let Some(fields) = fields {
+        fields.apply_all(&mut body["chunk"]);
+    }
     Ok(body)
+}
+
+/// `event_fields` of the raw `filter` parameter of `/messages` and
+/// `/context` (ruma's RoomEventFilter has no such field; seqline takes it
+/// there too, as in a sync filter).
+fn raw_event_fields(filter: Option<String>) -> Result<Option<EventFields>> {
+    let Some(text) = filter else { return Ok(None) };
+    let value: Value =
+        serde_json::from_str(&text).map_err(|e| Error::BadJson(format!("Invalid filter: {e}")))?;
+    let list: Option<Vec<String>> = match value.get("event_fields") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value(v.clone())
+                .map_err(|_| Error::BadJson("event_fields must be a list of strings".into()))?,
+        ),
+    };
+    EventFields::parse(list.as_deref())
 }
 
 async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result<Value> {
@@ -128,6 +150,7 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
     let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).min(MAX_LIMIT);
     let before_limit = limit / 2;
     let after_limit = limit - before_limit;
+    let fields = raw_event_fields(req.query_param("filter"))?;
     let filter = event_filter(&b.filter);
     let before = if before_limit > 0 {
         let req =
@@ -154,12 +177,19 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
         }
         out
     };
-    Ok(json!({
+    let mut body = json!({
         "start": history::token(start),
         "end": history::token(end),
         "events_before": format_all(&view, &before, me, &access),
         "event": read::format(&view, &event, me, &access.history),
         "events_after": format_all(&view, &after, me, &access),
         "state": state_events,
-    }))
+    });
+    if let Some(fields) = fields {
+        for part in ["events_before", "events_after", "state"] {
+            fields.apply_all(&mut body[part]);
+        }
+        body["event"] = fields.apply(&body["event"]);
+    }
+    Ok(body)
 }

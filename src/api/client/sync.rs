@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::api::extract::{Ruma, route, route_json};
 use crate::error::{Error, Result};
+use crate::room::fields::EventFields;
 use crate::state::AppState;
 use crate::storage::account_data;
 use crate::sync::{self, DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncRequest, Token};
@@ -71,6 +72,7 @@ async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Resul
     let me = req.requester()?;
     let b = &req.body;
     let definition = resolve_filter(&state, me.user_id.as_str(), &b.filter).await?;
+    let fields = EventFields::parse(definition.event_fields.as_deref())?;
     let request = SyncRequest {
         since: b.since.as_deref().map(Token::parse).transpose()?,
         full_state: b.full_state,
@@ -87,7 +89,11 @@ async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Resul
         },
     };
     sync::presence::touch_from_sync(&state, &me.user_id, b.set_presence.as_str()).await?;
-    sync::sync(&state, me, &request).await
+    let mut body = sync::sync(&state, me, &request).await?;
+    if let Some(fields) = fields {
+        fields.apply_to_sync(&mut body);
+    }
+    Ok(body)
 }
 
 async fn create(
@@ -98,6 +104,7 @@ async fn create(
     if req.body.user_id != me.user_id {
         return Err(Error::Forbidden("You can only create filters for yourself".into()));
     }
+    EventFields::parse(req.body.filter.event_fields.as_deref())?;
     let text = serde_json::to_string(&req.body.filter).map_err(|e| Error::Internal(e.to_string()))?;
     let id = account_data::put_filter(&state.db, me.user_id.as_str(), &text).await?;
     Ok(create_filter::v3::Response::new(id))
