@@ -722,4 +722,19 @@ mod tests {
         let err = Config::parse("sqlite_synchronous = \"off\"").unwrap_err();
         assert!(err.0.starts_with("line 1"), "{err}");
     }
+
+    #[test]
+    fn rate_limits_and_trusted_proxies() {
+        let env = |k: &str| (k == "SEQLINE_TRUSTED_PROXIES").then(|| "10.0.0.0/8, ::1 ,192.0.2.7".to_owned());
+        let s = Config::load(None, env).unwrap().validate().unwrap();
+        let nets: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(nets, ["10.0.0.0/8", "::1/128", "192.0.2.7/32"]);
+        let env = |k: &str| (k == "SEQLINE_TRUSTED_PROXIES").then(|| "10.0.0.0/8,proxy.local".to_owned());
+        let err = Config::load(None, env).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("rate_limits.trusted_proxies") && err.0.contains("proxy.local"), "{err}");
+        let c = Config::parse("[rate_limits]\nfailed_login_burst = 0").unwrap();
+        assert!(c.validate().unwrap_err().0.starts_with("rate_limits.failed_login_burst"));
+        let c = Config::parse("[rate_limits]\nmessage_per_second = -1.0").unwrap();
+        assert!(c.validate().unwrap_err().0.starts_with("rate_limits.message_per_second"));
+    }
 }

@@ -433,6 +433,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn password_checks_take_turns_per_account() {
+        let gate = PasswordGate::default();
+        let first = gate.enter("alice").await;
+        // Another account is not held up.
+        let bob = tokio::time::timeout(std::time::Duration::from_secs(5), gate.enter("bob")).await.unwrap();
+        drop(bob);
+        // Alice's second check waits for the first.
+        let mut second = Box::pin(gate.enter("alice"));
+        assert!(futures_poll_once(second.as_mut()).await.is_none());
+        drop(first);
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), second).await.unwrap();
+        drop(second);
+        // Nothing is kept for accounts nobody is checking.
+        assert!(gate.accounts.lock().unwrap().is_empty());
+    }
+
+    /// Polls a future once: `Some` if it completed.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
+    }
+
+    #[tokio::test]
     async fn passwords_round_trip() {
         let h = hash_password("hunter2".into()).await.unwrap();
         assert!(h.starts_with("$argon2id$"));
