@@ -333,6 +333,30 @@ async fn joins_invites_and_presence_are_limited_per_user(backend: Backend) {
         .await;
     assert_eq!(response.0, 200, "another room: {}", response.1);
 
+    // Invites received: dave may be invited five times (through createRoom too), then he is left alone.
+    server.register("dave", "pw").await;
+    let dave = server.user_id("dave");
+    for i in 0..5 {
+        let (status, body) = server
+            .post(
+                &format!("{V3}/createRoom"),
+                Some(&alice.token),
+                json!({ "name": format!("r{i}"), "invite": [dave] }),
+            )
+            .await;
+        assert_eq!(status, 200, "invite {i}: {body}");
+    }
+    let (_, before) = server.get(&format!("{V3}/joined_rooms"), Some(&alice.token)).await;
+    let response = server
+        .post(&format!("{V3}/createRoom"), Some(&alice.token), json!({ "name": "r5", "invite": [dave] }))
+        .await;
+    assert_limited(&response, 200_000, "dave's sixth invite, by createRoom");
+    let response =
+        server.post(&room_path(&rooms[0], "/invite"), Some(&alice.token), json!({ "user_id": dave })).await;
+    assert_limited(&response, 200_000, "dave's sixth invite, by /invite");
+    let (_, after) = server.get(&format!("{V3}/joined_rooms"), Some(&alice.token)).await;
+    assert_eq!(before, after, "the limited createRoom created nothing");
+
     // Presence: one update, then limited; another user is not.
     let path = |user: &str| format!("{V3}/presence/{}/status", enc(&server.user_id(user)));
     let response = server.put(&path("alice"), Some(&alice.token), json!({ "presence": "online" })).await;

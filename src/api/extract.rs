@@ -192,12 +192,13 @@ where
     }
 }
 
-/// The per-user and per-room limits, all in one place: by the endpoint's
-/// request type, charged once the request has parsed (a malformed request
-/// costs nothing) and before the handler changes anything.
+/// The per-user and per-room limits, all in one place, by the endpoint's
+/// request type: sends, state and redactions; joins; invites per room and per
+/// invitee (createRoom's included); presence. Charged once the request has
+/// parsed (a malformed request costs nothing), before the handler changes anything.
 fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Result<()> {
     use crate::ratelimit::Action;
-    use ruma::api::client::{membership, message, presence, redact, state as room_state};
+    use ruma::api::client::{membership, message, presence, redact, room, state as room_state};
 
     let limiter = &state.rate_limiter;
     let user = requester.user_id.as_str();
@@ -220,6 +221,12 @@ fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Re
             }
             _ => limiter.check(Action::InviteRoom, invite.room_id.as_str()),
         }
+    } else if let Some(create) = body.downcast_ref::<room::create_room::v3::Request>() {
+        // The invitees of a new room count as invited: all have room, or none is charged.
+        for invitee in &create.invite {
+            limiter.peek(Action::InviteUser, invitee.as_str())?;
+        }
+        create.invite.iter().try_for_each(|invitee| limiter.check(Action::InviteUser, invitee.as_str()))
     } else if body.is::<presence::set_presence::v3::Request>() {
         limiter.check(Action::Presence, user)
     } else {
