@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use ipnet::IpNet;
 use ruma::OwnedServerName;
 use serde::Deserialize;
 
@@ -232,20 +233,72 @@ pub struct Limits {
     pub max_upload_bytes: usize,
 }
 
-/// Token-bucket rate limits, per client IP.
+/// Token-bucket rate limits (a burst, refilled at a rate per second): per
+/// client address, per account, per room.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RateLimits {
     /// Whether limits apply at all.
     pub enabled: bool,
-    /// Login refill rate.
+    /// Login refill rate, per client address.
     pub login_per_second: f64,
-    /// Login burst size.
+    /// Login burst size, per client address.
     pub login_burst: u32,
+    /// Successful logins per account: refill rate.
+    pub login_account_per_second: f64,
+    /// Successful logins per account: burst.
+    pub login_account_burst: u32,
+    /// Wrong passwords per account (logins and UIA password stages): refill rate.
+    pub failed_login_per_second: f64,
+    /// Wrong passwords per account: burst.
+    pub failed_login_burst: u32,
     /// Registration refill rate.
     pub register_per_second: f64,
     /// Registration burst size.
     pub register_burst: u32,
+    /// Events sent per user: refill rate.
+    pub message_per_second: f64,
+    /// Events sent per user: burst.
+    pub message_burst: u32,
+    /// Joins per user: refill rate.
+    pub join_per_second: f64,
+    /// Joins per user: burst.
+    pub join_burst: u32,
+    /// Invites into one room: refill rate.
+    pub invite_room_per_second: f64,
+    /// Invites into one room: burst.
+    pub invite_room_burst: u32,
+    /// Invites received by one user: refill rate.
+    pub invite_user_per_second: f64,
+    /// Invites received by one user: burst.
+    pub invite_user_burst: u32,
+    /// Presence updates per user: refill rate.
+    pub presence_per_second: f64,
+    /// Presence updates per user: burst.
+    pub presence_burst: u32,
+    /// Proxies (addresses or CIDRs) whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<String>,
+}
+
+impl RateLimits {
+    fn rates(&self) -> [(&'static str, f64, u32); 9] {
+        [
+            ("login", self.login_per_second, self.login_burst),
+            ("login_account", self.login_account_per_second, self.login_account_burst),
+            ("failed_login", self.failed_login_per_second, self.failed_login_burst),
+            ("register", self.register_per_second, self.register_burst),
+            ("message", self.message_per_second, self.message_burst),
+            ("join", self.join_per_second, self.join_burst),
+            ("invite_room", self.invite_room_per_second, self.invite_room_burst),
+            ("invite_user", self.invite_user_per_second, self.invite_user_burst),
+            ("presence", self.presence_per_second, self.presence_burst),
+        ]
+    }
+}
+
+/// A trusted proxy: an address (a single-host network) or a CIDR.
+fn parse_proxy(text: &str) -> Option<IpNet> {
+    text.parse::<IpNet>().ok().or_else(|| text.parse::<std::net::IpAddr>().ok().map(IpNet::from))
 }
 
 impl Default for Config {
@@ -291,12 +344,28 @@ impl Default for Limits {
 
 impl Default for RateLimits {
     fn default() -> Self {
+        // Synapse's defaults (rc_login, rc_message, rc_joins.local, rc_invites, rc_presence).
         Self {
             enabled: true,
-            login_per_second: 0.2,
+            login_per_second: 0.003,
             login_burst: 5,
+            login_account_per_second: 0.003,
+            login_account_burst: 5,
+            failed_login_per_second: 0.17,
+            failed_login_burst: 3,
             register_per_second: 0.2,
             register_burst: 5,
+            message_per_second: 0.2,
+            message_burst: 10,
+            join_per_second: 0.1,
+            join_burst: 10,
+            invite_room_per_second: 0.3,
+            invite_room_burst: 10,
+            invite_user_per_second: 0.003,
+            invite_user_burst: 5,
+            presence_per_second: 0.1,
+            presence_burst: 1,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -331,6 +400,8 @@ pub struct Settings {
     pub max_upload_bytes: usize,
     /// Rate limits.
     pub rate_limits: RateLimits,
+    /// `rate_limits.trusted_proxies`, parsed.
+    pub trusted_proxies: Vec<IpNet>,
     /// Power level needed to purge a room's history, retention bounds.
     pub history: History,
     /// Whether presence is kept and sent.
@@ -419,6 +490,10 @@ impl Config {
                     return Err(ConfigError(format!("SEQLINE_RATE_LIMITS: {v:?} is not \"on\" or \"off\"")));
                 }
             };
+        }
+        if let Some(v) = env("SEQLINE_TRUSTED_PROXIES") {
+            self.rate_limits.trusted_proxies =
+                v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect();
         }
         if let Some(v) = env("SEQLINE_PRESENCE") {
             self.presence.enabled = match v.as_str() {
@@ -512,19 +587,24 @@ impl Config {
         if self.limits.max_request_body_bytes < 1024 {
             return Err(ConfigError("limits.max_request_body_bytes: must be at least 1024".into()));
         }
-        let rl = &self.rate_limits;
-        for (name, rate) in
-            [("login_per_second", rl.login_per_second), ("register_per_second", rl.register_per_second)]
-        {
+        for (name, rate, burst) in self.rate_limits.rates() {
             if !(rate.is_finite() && rate > 0.0) {
-                return Err(ConfigError(format!("rate_limits.{name}: must be a positive number")));
+                return Err(ConfigError(format!("rate_limits.{name}_per_second: must be a positive number")));
             }
-        }
-        for (name, burst) in [("login_burst", rl.login_burst), ("register_burst", rl.register_burst)] {
             if burst == 0 {
-                return Err(ConfigError(format!("rate_limits.{name}: must be at least 1")));
+                return Err(ConfigError(format!("rate_limits.{name}_burst: must be at least 1")));
             }
         }
+        let trusted_proxies = self
+            .rate_limits
+            .trusted_proxies
+            .iter()
+            .map(|p| {
+                parse_proxy(p).ok_or_else(|| {
+                    ConfigError(format!("rate_limits.trusted_proxies: {p:?} is not an IP address or CIDR"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let voip = &self.voip;
         for uri in &voip.turn_uris {
             if !(uri.starts_with("turn:") || uri.starts_with("turns:") || uri.starts_with("stun:")) {
@@ -591,6 +671,7 @@ impl Config {
             max_request_body_bytes: self.limits.max_request_body_bytes,
             max_upload_bytes: self.limits.max_upload_bytes,
             rate_limits: self.rate_limits,
+            trusted_proxies,
             history: self.history,
             presence_enabled: self.presence.enabled,
             voip: self.voip,
@@ -681,5 +762,20 @@ mod tests {
         assert!(err.0.starts_with("outbound.ip_allow") && err.0.contains("localhost"), "{err}");
         let err = Config::parse("sqlite_synchronous = \"off\"").unwrap_err();
         assert!(err.0.starts_with("line 1"), "{err}");
+    }
+
+    #[test]
+    fn rate_limits_and_trusted_proxies() {
+        let env = |k: &str| (k == "SEQLINE_TRUSTED_PROXIES").then(|| "10.0.0.0/8, ::1 ,192.0.2.7".to_owned());
+        let s = Config::load(None, env).unwrap().validate().unwrap();
+        let nets: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(nets, ["10.0.0.0/8", "::1/128", "192.0.2.7/32"]);
+        let env = |k: &str| (k == "SEQLINE_TRUSTED_PROXIES").then(|| "10.0.0.0/8,proxy.local".to_owned());
+        let err = Config::load(None, env).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("rate_limits.trusted_proxies") && err.0.contains("proxy.local"), "{err}");
+        let c = Config::parse("[rate_limits]\nfailed_login_burst = 0").unwrap();
+        assert!(c.validate().unwrap_err().0.starts_with("rate_limits.failed_login_burst"));
+        let c = Config::parse("[rate_limits]\nmessage_per_second = -1.0").unwrap();
+        assert!(c.validate().unwrap_err().0.starts_with("rate_limits.message_per_second"));
     }
 }

@@ -25,7 +25,7 @@ pub struct Services {
     pub db: Db,
     /// The server's signing key.
     pub signing_key: ServerKey,
-    /// Login/registration limiter.
+    /// Rate limiter (per address, account, room).
     pub rate_limiter: RateLimiter,
     /// The global stream position.
     pub streams: Arc<Streams>,
@@ -43,6 +43,8 @@ pub struct Services {
     pub outbound: crate::outbound::Outbound,
     /// Access tokens resolved recently.
     pub tokens: crate::account::TokenCache,
+    /// Password checks take turns per account.
+    pub password_gate: crate::account::PasswordGate,
     /// Room appends waiting to be written in batches.
     pub write_queue: crate::room::timeline::WriteQueue,
     /// What deciding who may read what in a room needs, between requests.
@@ -77,6 +79,7 @@ impl AppState {
             pusher_users: std::sync::RwLock::new(pusher_users),
             outbound,
             tokens: crate::account::TokenCache::default(),
+            password_gate: crate::account::PasswordGate::default(),
             write_queue: crate::room::timeline::WriteQueue::default(),
             read_cache: crate::room::cache::ReadCache::default(),
             push_defaults: crate::notify::DefaultRules::default(),

@@ -17,6 +17,7 @@ use ruma::{OwnedDeviceId, OwnedUserId, ServerName, UserId};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::ratelimit::Action;
 use crate::state::AppState;
 use crate::storage::{self, devices, users};
 
@@ -221,18 +222,86 @@ pub async fn issue_session(
 
 /// Checks a user's password; `Forbidden` for an unknown user, a deactivated
 /// account or a wrong password alike, so the answer does not reveal which.
+/// Every password check passes here (logins and UIA password stages), so the
+/// failed-attempt counter per account is kept here: once it is spent, the
+/// answer is 429 before any hashing, even for the right password. The hashes
+/// of one account are checked one at a time ([`PasswordGate`]), so a flood
+/// aimed at one account holds at most one hashing slot.
 pub async fn check_password(state: &AppState, localpart: &str, password: &str) -> Result<OwnedUserId> {
     let forbidden = || Error::Forbidden("Invalid username or password".into());
-    let user = users::by_localpart(&state.db, localpart).await?.ok_or_else(forbidden)?;
-    let hash = user.password_hash.ok_or_else(forbidden)?;
+    let limiter = &state.rate_limiter;
+    limiter.peek(Action::FailedLogin, localpart)?;
+    let failed = || {
+        // The peek above (or after the wait) found a token; a race may have taken it since.
+        let _ = limiter.check(Action::FailedLogin, localpart);
+        forbidden()
+    };
+    let Some(user) = users::by_localpart(&state.db, localpart).await? else { return Err(failed()) };
+    let Some(hash) = user.password_hash else { return Err(failed()) };
+    let _turn = state.password_gate.enter(localpart).await;
+    // Failures counted while this one waited its turn count now.
+    limiter.peek(Action::FailedLogin, localpart)?;
     if !verify_password(hash, password.to_owned()).await? {
-        return Err(forbidden());
+        return Err(failed());
     }
     // Only someone who knows the password learns that the account is gone.
     if user.deactivated {
         return Err(Error::UserDeactivated);
     }
     OwnedUserId::try_from(user.user_id).map_err(|e| Error::Internal(format!("stored user id: {e}")))
+}
+
+/// A password login: [`check_password`], then the limit on successful logins
+/// per account (a stolen password does not mint devices without end).
+pub async fn login_with_password(state: &AppState, localpart: &str, password: &str) -> Result<OwnedUserId> {
+    let user_id = check_password(state, localpart, password).await?;
+    state.rate_limiter.check(Action::LoginAccount, user_id.as_str())?;
+    Ok(user_id)
+}
+
+/// Accounts kept in [`PasswordGate`] before idle ones are swept out.
+const GATE_SWEEP_AT: usize = 10_000;
+
+/// Password checks take turns per account: at most one hash of an account is
+/// in flight, the others wait for it (and then find the failed-attempt counter
+/// spent, if those were wrong passwords).
+#[derive(Debug, Default)]
+pub struct PasswordGate {
+    accounts: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// One account's turn; the next waiter's comes when it is dropped.
+#[derive(Debug)]
+pub struct Turn<'a> {
+    gate: &'a PasswordGate,
+    account: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl PasswordGate {
+    /// Waits for `account`'s turn.
+    pub async fn enter(&self, account: &str) -> Turn<'_> {
+        let lock = {
+            let mut accounts = self.accounts.lock().unwrap_or_else(|p| p.into_inner());
+            if accounts.len() >= GATE_SWEEP_AT {
+                accounts.retain(|_, lock| std::sync::Arc::strong_count(lock) > 1);
+            }
+            accounts.entry(account.to_owned()).or_default().clone()
+        };
+        let guard = lock.lock_owned().await;
+        Turn { gate: self, account: account.to_owned(), guard: Some(guard) }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut accounts = self.gate.accounts.lock().unwrap_or_else(|p| p.into_inner());
+        self.guard = None;
+        // Nobody waiting (only the map holds the lock): forget the account.
+        if accounts.get(&self.account).is_some_and(|lock| std::sync::Arc::strong_count(lock) == 1) {
+            accounts.remove(&self.account);
+        }
+    }
 }
 
 /// How long a resolved access token is trusted without asking the database.
@@ -397,6 +466,34 @@ mod tests {
         assert_ne!(t, new_access_token());
         assert_eq!(hash_token(&t).len(), 64);
         assert_eq!(hash_token("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[tokio::test]
+    async fn password_checks_take_turns_per_account() {
+        let gate = PasswordGate::default();
+        let first = gate.enter("alice").await;
+        // Another account is not held up.
+        let bob = tokio::time::timeout(std::time::Duration::from_secs(5), gate.enter("bob")).await.unwrap();
+        drop(bob);
+        // Alice's second check waits for the first.
+        let mut second = Box::pin(gate.enter("alice"));
+        assert!(futures_poll_once(second.as_mut()).await.is_none());
+        drop(first);
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), second).await.unwrap();
+        drop(second);
+        // Nothing is kept for accounts nobody is checking.
+        assert!(gate.accounts.lock().unwrap().is_empty());
+    }
+
+    /// Polls a future once: `Some` if it completed.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 
     #[tokio::test]

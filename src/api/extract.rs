@@ -4,12 +4,13 @@
 //! with ruma; [`RumaResponse`] serialises the typed response; [`route`]
 //! mounts a handler on every path (r0 and v3) the endpoint has had.
 
+use std::any::Any;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, RawPathParams, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
 use ruma::api::auth_scheme::{
@@ -20,6 +21,7 @@ use ruma::api::path_builder::PathBuilder;
 use ruma::api::{IncomingRequest, Metadata, OutgoingResponse};
 use ruma::api::{IncomingRequestExt, OutgoingResponseExt};
 
+use super::ClientAddress;
 use crate::account::{self, Requester};
 use crate::error::{Error, Result};
 use crate::state::AppState;
@@ -127,7 +129,7 @@ fn map_parse_error(e: FromHttpRequestError) -> Error {
 
 impl<T> FromRequest<AppState> for Ruma<T>
 where
-    T: IncomingRequest + Send,
+    T: IncomingRequest + Send + 'static,
     T::Authentication: AuthRule,
 {
     type Rejection = Error;
@@ -135,7 +137,7 @@ where
     async fn from_request(req: Request, state: &AppState) -> Result<Self> {
         let (mut parts, body) = req.into_parts();
         let empty_state_key = parts.extensions.get::<EmptyStateKey>().is_some();
-        let client_ip = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+        let client_ip = parts.extensions.get::<ClientAddress>().map(|c| c.0);
         let path_args: Vec<String> = RawPathParams::from_request_parts(&mut parts, state)
             .await
             .map_err(|e| Error::InvalidParam(format!("Invalid path: {e}")))?
@@ -188,6 +190,9 @@ where
         }
         let request = http::Request::from_parts(parts, &bytes[..]);
         let body = T::try_from_http_request(request, &args).map_err(map_parse_error)?;
+        if let Some(requester) = &requester {
+            limit_per_user(state, requester, &body)?;
+        }
         Ok(Self { body, requester, client_ip, query })
     }
 }
@@ -215,6 +220,48 @@ fn without_empty_auth(bytes: axum::body::Bytes) -> axum::body::Bytes {
     serde_json::to_vec(&body).map_or(bytes, axum::body::Bytes::from)
 }
 
+/// The per-user and per-room limits, all in one place, by the endpoint's
+/// request type: sends, state and redactions; joins; invites per room and per
+/// invitee (createRoom's included); presence. Charged once the request has
+/// parsed (a malformed request costs nothing), before the handler changes anything.
+fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Result<()> {
+    use crate::ratelimit::Action;
+    use ruma::api::client::{membership, message, presence, redact, room, state as room_state};
+
+    let limiter = &state.rate_limiter;
+    let user = requester.user_id.as_str();
+    if body.is::<message::send_message_event::v3::Request>()
+        || body.is::<room_state::send_state_event::v3::Request>()
+        || body.is::<redact::redact_event::v3::Request>()
+    {
+        limiter.check(Action::Message, user)
+    } else if body.is::<membership::join_room_by_id::v3::Request>()
+        || body.is::<membership::join_room_by_id_or_alias::v3::Request>()
+    {
+        limiter.check(Action::Join, user)
+    } else if let Some(invite) = body.downcast_ref::<membership::invite_user::v3::Request>() {
+        match &invite.recipient {
+            membership::invite_user::v3::InvitationRecipient::UserId(recipient) => {
+                // Neither bucket is charged unless both have room.
+                limiter.peek(Action::InviteUser, recipient.user_id.as_str())?;
+                limiter.check(Action::InviteRoom, invite.room_id.as_str())?;
+                limiter.check(Action::InviteUser, recipient.user_id.as_str())
+            }
+            _ => limiter.check(Action::InviteRoom, invite.room_id.as_str()),
+        }
+    } else if let Some(create) = body.downcast_ref::<room::create_room::v3::Request>() {
+        // The invitees of a new room count as invited: all have room, or none is charged.
+        for invitee in &create.invite {
+            limiter.peek(Action::InviteUser, invitee.as_str())?;
+        }
+        create.invite.iter().try_for_each(|invitee| limiter.check(Action::InviteUser, invitee.as_str()))
+    } else if body.is::<presence::set_presence::v3::Request>() {
+        limiter.check(Action::Presence, user)
+    } else {
+        Ok(())
+    }
+}
+
 fn too_large(limit: usize) -> Error {
     Error::TooLarge(format!("The request body is larger than {limit} bytes"))
 }
@@ -229,7 +276,7 @@ impl FromRequestParts<AppState> for Authed {
 
     async fn from_request_parts(parts: &mut http::request::Parts, state: &AppState) -> Result<Self> {
         let token = access_token(parts)?.ok_or(Error::MissingToken)?;
-        let ip = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+        let ip = parts.extensions.get::<ClientAddress>().map(|c| c.0.to_string());
         Ok(Self(account::authenticate(state, &token, ip.as_deref()).await?))
     }
 }

@@ -7,8 +7,10 @@ pub mod error;
 pub mod extract;
 pub mod media;
 
+use std::net::{IpAddr, SocketAddr};
+
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -21,8 +23,22 @@ pub fn router(state: AppState) -> Router {
     media::routes(client::routes(Router::new()))
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .layer(middleware::from_fn_with_state(state.clone(), client_address))
         .layer(middleware::from_fn(cors))
         .with_state(state)
+}
+
+/// The client address of a request, decided once (`ratelimit::client_address`:
+/// the peer, or what a trusted proxy forwarded) for the limits and `last_seen_ip`.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub IpAddr);
+
+async fn client_address(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    if let Some(peer) = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()) {
+        let ip = crate::ratelimit::client_address(peer, request.headers(), &state.settings.trusted_proxies);
+        request.extensions_mut().insert(ClientAddress(ip));
+    }
+    next.run(request).await
 }
 
 /// CORS as the spec asks of every endpoint, so browser clients served from

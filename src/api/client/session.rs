@@ -46,7 +46,7 @@ async fn login(state: AppState, req: Ruma<login::v3::Request>) -> Result<login::
         (None, None) => return Err(Error::MissingParam("identifier or user is required".into())),
     };
     let localpart = account::local_localpart(&user_input, &state.settings.server_name)?;
-    let user_id = account::check_password(&state, &localpart, &password.password).await?;
+    let user_id = account::login_with_password(&state, &localpart, &password.password).await?;
     let session = account::issue_session(
         &state,
         &user_id,
