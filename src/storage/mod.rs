@@ -149,6 +149,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (10, "read_epoch", include_str!("../../migrations/sqlite/0010_read_epoch.sql")),
     (11, "state_changes", include_str!("../../migrations/sqlite/0011_state_changes.sql")),
     (12, "key_signatures", include_str!("../../migrations/sqlite/0012_key_signatures.sql")),
+    (15, "room_summaries", include_str!("../../migrations/sqlite/0015_room_summaries.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -164,6 +165,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (10, "read_epoch", include_str!("../../migrations/postgres/0010_read_epoch.sql")),
     (11, "state_changes", include_str!("../../migrations/postgres/0011_state_changes.sql")),
     (12, "key_signatures", include_str!("../../migrations/postgres/0012_key_signatures.sql")),
+    (15, "room_summaries", include_str!("../../migrations/postgres/0015_room_summaries.sql")),
 ];
 
 impl Db {
