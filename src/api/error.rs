@@ -38,6 +38,7 @@ impl Error {
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
+            Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "M_UNKNOWN"),
             Self::Database(_) | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "M_UNKNOWN"),
         }
     }

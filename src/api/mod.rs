@@ -22,6 +22,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .layer(middleware::from_fn(cors))
+        // A body that stalls between chunks longer than this fails its read (408).
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(state.settings.body_read_timeout))
         .with_state(state)
 }
 
