@@ -231,6 +231,10 @@ pub struct Limits {
     pub max_request_body_bytes: usize,
     /// Largest media upload.
     pub max_upload_bytes: usize,
+    /// Seconds a client may take to send a request's headers.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client may take to send a request's body.
+    pub body_read_timeout_secs: u64,
 }
 
 /// Token-bucket rate limits (a burst, refilled at a rate per second): per
@@ -338,7 +342,12 @@ impl Default for Registration {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_request_body_bytes: 1024 * 1024, max_upload_bytes: 50 * 1024 * 1024 }
+        Self {
+            max_request_body_bytes: 1024 * 1024,
+            max_upload_bytes: 50 * 1024 * 1024,
+            header_read_timeout_secs: 30,
+            body_read_timeout_secs: 60,
+        }
     }
 }
 
@@ -398,6 +407,10 @@ pub struct Settings {
     pub max_request_body_bytes: usize,
     /// Media upload limit.
     pub max_upload_bytes: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: std::time::Duration,
+    /// How long a client may take to send a request's body.
+    pub body_read_timeout: std::time::Duration,
     /// Rate limits.
     pub rate_limits: RateLimits,
     /// `rate_limits.trusted_proxies`, parsed.
@@ -528,6 +541,16 @@ impl Config {
                 .parse()
                 .map_err(|_| ConfigError(format!("SEQLINE_MAX_UPLOAD_BYTES: {v:?} is not a byte count")))?;
         }
+        for (name, field) in [
+            ("SEQLINE_HEADER_READ_TIMEOUT_SECS", &mut self.limits.header_read_timeout_secs),
+            ("SEQLINE_BODY_READ_TIMEOUT_SECS", &mut self.limits.body_read_timeout_secs),
+        ] {
+            if let Some(v) = env(name) {
+                *field = v
+                    .parse()
+                    .map_err(|_| ConfigError(format!("{name}: {v:?} is not a number of seconds")))?;
+            }
+        }
         if let Some(v) = env("SEQLINE_MAX_REQUEST_BODY_BYTES") {
             self.limits.max_request_body_bytes = v.parse().map_err(|_| {
                 ConfigError(format!("SEQLINE_MAX_REQUEST_BODY_BYTES: {v:?} is not a byte count"))
@@ -586,6 +609,11 @@ impl Config {
         }
         if self.limits.max_request_body_bytes < 1024 {
             return Err(ConfigError("limits.max_request_body_bytes: must be at least 1024".into()));
+        }
+        if self.limits.header_read_timeout_secs == 0 || self.limits.body_read_timeout_secs == 0 {
+            return Err(ConfigError(
+                "limits.header_read_timeout_secs, body_read_timeout_secs: must be at least 1".into(),
+            ));
         }
         for (name, rate, burst) in self.rate_limits.rates() {
             if !(rate.is_finite() && rate > 0.0) {
@@ -670,6 +698,8 @@ impl Config {
             registration_tokens: self.registration.tokens,
             max_request_body_bytes: self.limits.max_request_body_bytes,
             max_upload_bytes: self.limits.max_upload_bytes,
+            header_read_timeout: std::time::Duration::from_secs(self.limits.header_read_timeout_secs),
+            body_read_timeout: std::time::Duration::from_secs(self.limits.body_read_timeout_secs),
             rate_limits: self.rate_limits,
             trusted_proxies,
             history: self.history,

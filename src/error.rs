@@ -107,6 +107,9 @@ pub enum Error {
         /// The user's current backup version.
         current_version: String,
     },
+    /// The client did not send its request body in time.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// A database failure: logged, reported as M_UNKNOWN.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

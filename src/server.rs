@@ -44,14 +44,56 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     );
     let sweeper = tokio::spawn(expire_typing_every_second(state.clone()));
     let app = crate::api::router(state.clone());
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| Error::Internal(format!("server error: {e}")))?;
+    serve(listener, app, state.settings.header_read_timeout).await;
     sweeper.abort();
     tracing::info!("shutting down: requests finished, closing the database");
     state.db.close().await;
     Ok(())
+}
+
+/// Accepts connections and serves each over HTTP/1.1 until a shutdown signal,
+/// then waits for the requests in flight. A client that does not finish
+/// sending a request's headers within `header_read_timeout` (a new
+/// connection's first request included) has its connection closed.
+async fn serve(listener: TcpListener, app: axum::Router, header_read_timeout: std::time::Duration) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a little instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(axum::extract::ConnectInfo::<SocketAddr>(remote));
+                req
+            },
+        );
+        let connection = http.serve_connection(
+            hyper_util::rt::TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(service),
+        );
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%remote, "connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 async fn shutdown_signal() {

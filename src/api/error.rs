@@ -39,6 +39,7 @@ impl Error {
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
             Self::ServerControlled(_) => (StatusCode::METHOD_NOT_ALLOWED, "M_BAD_JSON"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
+            Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "M_UNKNOWN"),
             Self::Database(_) | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "M_UNKNOWN"),
         }
     }

@@ -163,7 +163,7 @@ where
         {
             return Err(too_large(limit));
         }
-        let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large(limit))?;
+        let bytes = read_body(state, body, limit, || too_large(limit)).await?;
         // serde skips ignored strings without checking their UTF-8, so check it first.
         if !bytes.is_empty()
             && (std::str::from_utf8(&bytes).is_err()
@@ -262,6 +262,48 @@ fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Re
     }
 }
 
+/// Reads a whole JSON request body: at most `limit` bytes (else `too_large`),
+/// within the body read timeout in all (else 408). Media uploads, which may be
+/// large, use [`read_upload_body`] instead.
+pub async fn read_body(
+    state: &AppState,
+    body: Body,
+    limit: usize,
+    too_large: impl FnOnce() -> Error,
+) -> Result<axum::body::Bytes> {
+    match tokio::time::timeout(state.settings.body_read_timeout, read_upload_body(body, limit, too_large))
+        .await
+    {
+        Ok(read) => read,
+        Err(_) => Err(body_timeout()),
+    }
+}
+
+/// Reads a whole request body of at most `limit` bytes. No total deadline:
+/// the router's body timeout closes one that stalls between chunks for longer
+/// than the body read timeout (then 408).
+pub async fn read_upload_body(
+    body: Body,
+    limit: usize,
+    too_large: impl FnOnce() -> Error,
+) -> Result<axum::body::Bytes> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let inner = e.into_inner();
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+        while let Some(err) = source {
+            if err.is::<tower_http::timeout::TimeoutError>() {
+                return body_timeout();
+            }
+            source = err.source();
+        }
+        too_large()
+    })
+}
+
+fn body_timeout() -> Error {
+    Error::RequestTimeout("The request body was not received in time".into())
+}
+
 fn too_large(limit: usize) -> Error {
     Error::TooLarge(format!("The request body is larger than {limit} bytes"))
 }
@@ -291,7 +333,7 @@ impl<T: serde::de::DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self> {
         let limit = state.settings.max_request_body_bytes;
-        let bytes = axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| too_large(limit))?;
+        let bytes = read_body(state, req.into_body(), limit, || too_large(limit)).await?;
         let bytes = if bytes.is_empty() { axum::body::Bytes::from_static(b"{}") } else { bytes };
         let value: serde_json::Value = std::str::from_utf8(&bytes)
             .ok()

@@ -67,9 +67,10 @@ async fn read_upload(state: &AppState, req: Request) -> Result<(Option<String>, 
     {
         return Err(Error::TooLarge(format!("Uploads are limited to {limit} bytes")));
     }
-    let bytes = axum::body::to_bytes(req.into_body(), limit)
-        .await
-        .map_err(|_| Error::TooLarge(format!("Uploads are limited to {limit} bytes")))?;
+    let bytes = crate::api::extract::read_upload_body(req.into_body(), limit, || {
+        Error::TooLarge(format!("Uploads are limited to {limit} bytes"))
+    })
+    .await?;
     Ok((content_type, bytes))
 }
 

@@ -25,6 +25,8 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(state.clone(), client_address))
         .layer(middleware::from_fn(cors))
+        // A body that stalls between chunks longer than this fails its read (408).
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(state.settings.body_read_timeout))
         .with_state(state)
 }
 

@@ -186,6 +186,15 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         },
     )
     .await?;
+    super::directory::track_state(
+        tx.conn(),
+        room_id.as_str(),
+        "m.room.create",
+        "",
+        &create_draft.content,
+        None,
+    )
+    .await?;
     if let Some(alias) = &req.alias {
         aliases::create_tx(tx.conn(), alias.as_str(), room_id.as_str(), creator.as_str(), now).await?;
     }

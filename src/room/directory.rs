@@ -3,11 +3,11 @@
 use ruma::{RoomAliasId, RoomId, UserId};
 use serde_json::{Value, json};
 
-use super::pdu::Pdu;
 use super::read;
 use crate::error::{Error, Result};
 use crate::state::AppState;
-use crate::storage::{self, aliases, events, rooms};
+use crate::storage::rooms::{RoomSummary, SummaryField, SummaryValue};
+use crate::storage::{self, aliases, rooms};
 
 /// Creates a local alias for a room the creator is joined to.
 pub async fn create_alias(
@@ -103,87 +103,130 @@ pub async fn set_visibility(
     rooms::set_published(&state.db, room_id.as_str(), public).await
 }
 
-/// One public room's summary, as `/publicRooms` lists it.
-async fn summary(state: &AppState, room_id: &str) -> Result<Value> {
-    let mut chunk = json!({ "room_id": room_id, "num_joined_members": 0, "world_readable": false, "guest_can_join": false });
-    let mut joined = 0u64;
-    for stored in events::current_state(&state.db, room_id).await? {
-        let pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
-        let content: Value = pdu.content_as().unwrap_or_default();
-        match pdu.kind.to_string().as_str() {
-            "m.room.name" => chunk["name"] = content["name"].clone(),
-            "m.room.topic" => chunk["topic"] = content["topic"].clone(),
-            "m.room.avatar" => chunk["avatar_url"] = content["url"].clone(),
-            "m.room.canonical_alias" => chunk["canonical_alias"] = content["alias"].clone(),
-            "m.room.join_rules" => chunk["join_rule"] = content["join_rule"].clone(),
-            "m.room.history_visibility" => {
-                chunk["world_readable"] = json!(content["history_visibility"] == "world_readable")
-            }
-            "m.room.guest_access" => chunk["guest_can_join"] = json!(content["guest_access"] == "can_join"),
-            "m.room.create" => {
-                if let Some(t) = content.get("type") {
-                    chunk["room_type"] = t.clone();
-                }
-            }
-            "m.room.member" if content["membership"] == "join" => joined += 1,
-            _ => {}
+/// Keeps the room's directory summary current: called by the write path, in
+/// its transaction, for every state event it appends (`membership`: the
+/// target's membership before and after, for member events).
+pub async fn track_state(
+    conn: &mut sqlx::AnyConnection,
+    room_id: &str,
+    kind: &str,
+    state_key: &str,
+    content: &ruma::CanonicalJsonObject,
+    membership: Option<(&str, &str)>,
+) -> Result<()> {
+    if let Some((old, new)) = membership {
+        let delta = i64::from(new == "join") - i64::from(old == "join");
+        if delta != 0 {
+            rooms::add_joined_members(conn, room_id, delta).await?;
+        }
+        return Ok(());
+    }
+    if !state_key.is_empty() {
+        return Ok(());
+    }
+    let text = |key: &str| match content.get(key) {
+        Some(ruma::CanonicalJsonValue::String(s)) => SummaryValue::Text(Some(s.clone())),
+        _ => SummaryValue::Text(None),
+    };
+    let is = |key: &str, want: &str| {
+        SummaryValue::Flag(matches!(content.get(key), Some(ruma::CanonicalJsonValue::String(s)) if s == want))
+    };
+    let (field, value) = match kind {
+        "m.room.name" => (SummaryField::Name, text("name")),
+        "m.room.topic" => (SummaryField::Topic, text("topic")),
+        "m.room.avatar" => (SummaryField::AvatarUrl, text("url")),
+        "m.room.canonical_alias" => (SummaryField::CanonicalAlias, text("alias")),
+        "m.room.join_rules" => (SummaryField::JoinRule, text("join_rule")),
+        "m.room.create" => (SummaryField::RoomType, text("type")),
+        "m.room.history_visibility" => {
+            (SummaryField::WorldReadable, is("history_visibility", "world_readable"))
+        }
+        "m.room.guest_access" => (SummaryField::GuestCanJoin, is("guest_access", "can_join")),
+        _ => return Ok(()),
+    };
+    rooms::set_summary_field(conn, room_id, field, value).await
+}
+
+/// The largest `/publicRooms` page (also the page without a `limit`).
+const MAX_PUBLIC_ROOMS_PAGE: u64 = 500;
+
+/// One public room as `/publicRooms` lists it.
+fn chunk(s: RoomSummary) -> Value {
+    let mut chunk = json!({
+        "room_id": s.room_id,
+        "num_joined_members": s.joined_members.max(0),
+        "world_readable": s.world_readable,
+        "guest_can_join": s.guest_can_join,
+    });
+    for (key, value) in [
+        ("name", s.name),
+        ("topic", s.topic),
+        ("avatar_url", s.avatar_url),
+        ("canonical_alias", s.canonical_alias),
+        ("join_rule", s.join_rule),
+        ("room_type", s.room_type),
+    ] {
+        if let Some(v) = value {
+            chunk[key] = json!(v);
         }
     }
-    chunk["num_joined_members"] = json!(joined);
-    if let Some(obj) = chunk.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
+    chunk
+}
+
+/// A LIKE pattern matching text that contains `term` literally.
+pub fn contains_pattern(term: &str) -> String {
+    let mut out = String::with_capacity(term.len() + 2);
+    out.push('%');
+    for c in term.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
     }
-    Ok(chunk)
+    out.push('%');
+    out
 }
 
 /// The public room directory: rooms by joined members (most first), filtered
 /// by a search term over name, topic and alias, paged by `since` (an offset
-/// token `o<n>`).
+/// token `o<n>`). Reads the summaries the write path keeps, one page at a time.
 pub async fn public_rooms(
     state: &AppState,
     limit: Option<u64>,
     since: Option<&str>,
     search: Option<&str>,
 ) -> Result<Value> {
-    let offset: usize = match since {
+    let offset: u64 = match since {
         None => 0,
         Some(token) => token
             .strip_prefix('o')
             .and_then(|n| n.parse().ok())
+            .filter(|n| i64::try_from(*n).is_ok())
             .ok_or_else(|| Error::InvalidParam("Invalid since token".into()))?,
     };
-    let term = search.map(str::to_lowercase).filter(|t| !t.is_empty());
-    let mut all = Vec::new();
-    for room_id in rooms::published(&state.db).await? {
-        let chunk = summary(state, &room_id).await?;
-        if let Some(term) = &term {
-            let hay = ["name", "topic", "canonical_alias"]
-                .iter()
-                .filter_map(|k| chunk[*k].as_str())
-                .map(str::to_lowercase)
-                .collect::<Vec<_>>()
-                .join("\n");
-            if !hay.contains(term.as_str()) {
-                continue;
-            }
-        }
-        all.push(chunk);
-    }
-    all.sort_by(|a, b| {
-        b["num_joined_members"]
-            .as_u64()
-            .cmp(&a["num_joined_members"].as_u64())
-            .then_with(|| a["room_id"].as_str().cmp(&b["room_id"].as_str()))
-    });
-    let total = all.len();
-    let limit = limit.map_or(total, |l| usize::try_from(l).unwrap_or(usize::MAX)).max(1);
-    let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
+    let limit = limit.unwrap_or(MAX_PUBLIC_ROOMS_PAGE).clamp(1, MAX_PUBLIC_ROOMS_PAGE);
+    let pattern = search.map(str::to_lowercase).filter(|t| !t.is_empty()).map(|t| contains_pattern(&t));
+    let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let (rows, total) =
+        rooms::published_summaries(&state.db, pattern.as_deref(), as_i64(offset), as_i64(limit)).await?;
+    let page: Vec<Value> = rows.into_iter().map(chunk).collect();
+    let total = u64::try_from(total).unwrap_or(0);
     let mut body = json!({ "chunk": page, "total_room_count_estimate": total });
-    if offset + limit < total {
+    if offset.saturating_add(limit) < total {
         body["next_batch"] = json!(format!("o{}", offset + limit));
     }
     if offset > 0 {
         body["prev_batch"] = json!(format!("o{}", offset.saturating_sub(limit)));
     }
     Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn search_term_is_matched_literally() {
+        assert_eq!(contains_pattern("a_b%c\\d"), "%a\\_b\\%c\\\\d%");
+    }
 }

@@ -111,6 +111,28 @@ pub struct Page {
 /// How many rows to read per query while filling a page through a filter.
 const BATCH: i64 = 100;
 
+/// The most rows one page reads. A filter that matches little (or nothing)
+/// would otherwise walk the whole room in one request; past this many rows
+/// the page ends where the scan stopped, with a token to go on from. It
+/// equals the largest page `/messages` serves, so an unfiltered page is never
+/// cut short, and a thousand rows is a few milliseconds of reading.
+pub const MAX_SCAN: i64 = 1000;
+
+/// The most entries a filter's list (types, not_types, senders, not_senders,
+/// rooms, not_rooms) may hold: every event read is matched against each.
+pub const MAX_FILTER_ENTRIES: usize = 100;
+
+/// Refuses a filter list longer than [`MAX_FILTER_ENTRIES`] (400 M_BAD_JSON,
+/// like any other filter this server will not take).
+pub fn check_filter_list(name: &str, len: usize) -> Result<()> {
+    if len > MAX_FILTER_ENTRIES {
+        return Err(Error::BadJson(format!(
+            "Invalid filter: {name} has {len} entries, at most {MAX_FILTER_ENTRIES} are allowed"
+        )));
+    }
+    Ok(())
+}
+
 /// What page to read.
 #[derive(Debug, Clone, Copy)]
 pub struct PageRequest<'a> {
@@ -126,12 +148,15 @@ pub struct PageRequest<'a> {
     pub filter: &'a EventFilter,
 }
 
-/// Up to `limit` readable events from `from` in `dir`, stopping at `to`.
+/// Up to `limit` readable events from `from` in `dir`, stopping at `to`,
+/// reading at most [`MAX_SCAN`] rows: a page cut short by that bound has fewer
+/// events (maybe none) and a `next` to continue from.
 pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageRequest<'_>) -> Result<Page> {
     let PageRequest { from, to, dir, limit, filter } = req;
     let room_id = view.room.room_id.as_str();
     let mut events = Vec::new();
     let mut last_read: Option<i64> = None;
+    let mut scanned: i64 = 0;
     let spans: Vec<(i64, i64)> = match dir {
         Dir::Backward => access.ranges.descending_from(from).filter(|r| to.is_none_or(|t| r.1 > t)).collect(),
         Dir::Forward => {
@@ -149,13 +174,17 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
             // Every seq in a readable span is readable, so without a filter
             // each row read fills the page: read no more than it still needs.
             let needed = i64::try_from(limit - events.len()).unwrap_or(BATCH);
-            let want = if filter.is_empty() { needed } else { BATCH.max(needed) };
+            let want = if filter.is_empty() { needed } else { BATCH.max(needed) }.min(MAX_SCAN - scanned);
+            if want <= 0 {
+                break 'spans;
+            }
             let rows = events::range(&state.db, room_id, lo, hi, dir == Dir::Backward, want).await?;
             if rows.is_empty() {
                 break;
             }
             for stored in rows {
                 let seq = stored.seq;
+                scanned += 1;
                 last_read = Some(seq);
                 match dir {
                     Dir::Backward => hi = seq - 1,
@@ -171,16 +200,18 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
             }
         }
     }
-    // More to read if any readable seq lies beyond the last one looked at.
+    // More to read if any readable seq lies beyond the last one looked at,
+    // and the page ends there: full, or the scan reached its bound.
+    let cut = events.len() >= limit || scanned >= MAX_SCAN;
     let next = last_read.and_then(|seq| match dir {
         Dir::Backward => {
             let more =
                 access.ranges.descending_from(seq - 1).next().is_some() && to.is_none_or(|t| seq - 1 > t);
-            (more && events.len() >= limit).then_some(seq - 1)
+            (more && cut).then_some(seq - 1)
         }
         Dir::Forward => {
             let more = access.ranges.ascending_from(seq + 1).next().is_some() && to.is_none_or(|t| seq < t);
-            (more && events.len() >= limit).then_some(seq)
+            (more && cut).then_some(seq)
         }
     });
     Ok(Page { events, next })

@@ -283,6 +283,43 @@ pub fn format(view: &RoomView, loaded: &Loaded, requester: &Requester, history: 
     )
 }
 
+/// The seq as of which a user may see the room's state (see [`visible_state`]).
+fn state_horizon(view: &RoomView, access: &Access) -> Result<i64> {
+    let last = view.room.last_seq;
+    if access.joined() {
+        Ok(last)
+    } else if access.stays.iter().any(|r| r.kind == "join") {
+        Ok(access.state_horizon(last))
+    } else if access.world_readable_now {
+        // Anyone may look into a world-readable room (an invitee too).
+        Ok(last)
+    } else {
+        Err(not_a_member())
+    }
+}
+
+/// One state event (type, state key) a user may see, by the rules of
+/// [`visible_state`]: one index lookup, whatever the size of the state.
+pub async fn visible_state_event(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    kind: &str,
+    state_key: &str,
+) -> Result<Option<Loaded>> {
+    let horizon = state_horizon(view, access)?;
+    let room_id = view.room.room_id.as_str();
+    let stored = if horizon == view.room.last_seq {
+        events::state_event(&state.db, room_id, kind, state_key).await?
+    } else {
+        events::state_event_at(&state.db, room_id, kind, state_key, horizon).await?
+    };
+    match stored {
+        Some(s) => Ok(Some(load(state, s).await?)),
+        None => Ok(None),
+    }
+}
+
 /// The room state a user may see: current state while joined (or for anyone
 /// when the room is world-readable), the state as of their leave after they
 /// left, 403 for a room they were never in. `at` narrows it to an earlier point.
@@ -293,16 +330,7 @@ pub async fn visible_state(
     at: Option<i64>,
 ) -> Result<Vec<Loaded>> {
     let last = view.room.last_seq;
-    let horizon = if access.joined() {
-        last
-    } else if access.stays.iter().any(|r| r.kind == "join") {
-        access.state_horizon(last)
-    } else if access.world_readable_now {
-        // Anyone may look into a world-readable room (an invitee too).
-        last
-    } else {
-        return Err(not_a_member());
-    };
+    let horizon = state_horizon(view, access)?;
     let at = at.map_or(horizon, |a| a.min(horizon));
     let stored = if at == last {
         events::current_state(&state.db, &view.room.room_id).await?

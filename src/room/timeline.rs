@@ -292,6 +292,18 @@ impl RoomWriter {
             membership: member_value(&draft.kind, &draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
+        if let Some(key) = &draft.state_key {
+            let members = membership_change.as_ref().map(|(_, old, new)| (old.as_str(), new.as_str()));
+            super::directory::track_state(
+                self.tx.conn(),
+                self.room_id.as_str(),
+                &draft.kind,
+                key,
+                &draft.content,
+                members,
+            )
+            .await?;
+        }
         if let Some((target, old, new)) = &membership_change {
             self.update_ranges(target, old, new, seq).await?;
         }

@@ -151,6 +151,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (12, "key_signatures", include_str!("../../migrations/sqlite/0012_key_signatures.sql")),
     (13, "media_pending", include_str!("../../migrations/sqlite/0013_media_pending.sql")),
     (14, "pusher_device", include_str!("../../migrations/sqlite/0014_pusher_device.sql")),
+    (15, "room_summaries", include_str!("../../migrations/sqlite/0015_room_summaries.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -168,6 +169,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (12, "key_signatures", include_str!("../../migrations/postgres/0012_key_signatures.sql")),
     (13, "media_pending", include_str!("../../migrations/postgres/0013_media_pending.sql")),
     (14, "pusher_device", include_str!("../../migrations/postgres/0014_pusher_device.sql")),
+    (15, "room_summaries", include_str!("../../migrations/postgres/0015_room_summaries.sql")),
 ];
 
 impl Db {

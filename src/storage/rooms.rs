@@ -129,13 +129,6 @@ pub async fn set_published(db: &Db, room_id: &str, published: bool) -> Result<()
     Ok(())
 }
 
-/// Rooms in the public directory, by room id.
-pub async fn published(db: &Db) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("SELECT room_id FROM rooms WHERE published = 1 ORDER BY room_id")
-        .fetch_all(&db.pool)
-        .await?)
-}
-
 /// Raises the room's floor (it never moves down).
 pub async fn raise_floor(db: &Db, room_id: &str, floor_seq: i64) -> Result<()> {
     sqlx::query(
@@ -146,4 +139,176 @@ pub async fn raise_floor(db: &Db, room_id: &str, floor_seq: i64) -> Result<()> {
     .execute(&db.pool)
     .await?;
     Ok(())
+}
+
+/// A field of a room's directory summary (`room_summaries`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryField {
+    /// `m.room.name` content.name.
+    Name,
+    /// `m.room.topic` content.topic.
+    Topic,
+    /// `m.room.avatar` content.url.
+    AvatarUrl,
+    /// `m.room.canonical_alias` content.alias.
+    CanonicalAlias,
+    /// `m.room.join_rules` content.join_rule.
+    JoinRule,
+    /// `m.room.create` content.type.
+    RoomType,
+    /// `m.room.history_visibility` is `world_readable` (1) or not (0).
+    WorldReadable,
+    /// `m.room.guest_access` is `can_join` (1) or not (0).
+    GuestCanJoin,
+}
+
+impl SummaryField {
+    fn column(self) -> &'static str {
+        match self {
+            Self::Name => "name",
+            Self::Topic => "topic",
+            Self::AvatarUrl => "avatar_url",
+            Self::CanonicalAlias => "canonical_alias",
+            Self::JoinRule => "join_rule",
+            Self::RoomType => "room_type",
+            Self::WorldReadable => "world_readable",
+            Self::GuestCanJoin => "guest_can_join",
+        }
+    }
+}
+
+/// A summary field's new value: text (or none) for the text fields, a flag
+/// for `WorldReadable` and `GuestCanJoin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SummaryValue {
+    /// A text field's value.
+    Text(Option<String>),
+    /// A flag field's value.
+    Flag(bool),
+}
+
+/// Sets one field of a room's summary, inside the write transaction.
+pub async fn set_summary_field(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    field: SummaryField,
+    value: SummaryValue,
+) -> Result<()> {
+    let column = field.column();
+    let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO room_summaries (room_id, {column}) VALUES ($1, $2) \
+         ON CONFLICT (room_id) DO UPDATE SET {column} = excluded.{column}"
+    )))
+    .bind(room_id);
+    let query = match value {
+        SummaryValue::Text(text) => query.bind(text),
+        SummaryValue::Flag(flag) => query.bind(i64::from(flag)),
+    };
+    query.execute(conn).await?;
+    Ok(())
+}
+
+/// Moves a room's joined-member count by `delta`, inside the write transaction.
+pub async fn add_joined_members(conn: &mut AnyConnection, room_id: &str, delta: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO room_summaries (room_id, joined_members) VALUES ($1, $2) \
+         ON CONFLICT (room_id) DO UPDATE SET joined_members = room_summaries.joined_members + excluded.joined_members",
+    )
+    .bind(room_id)
+    .bind(delta)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One published room's summary row.
+#[derive(Debug, Clone)]
+pub struct RoomSummary {
+    /// Room id.
+    pub room_id: String,
+    /// Name, topic, avatar URL, canonical alias, join rule, room type.
+    pub name: Option<String>,
+    /// Topic.
+    pub topic: Option<String>,
+    /// Avatar URL.
+    pub avatar_url: Option<String>,
+    /// Canonical alias.
+    pub canonical_alias: Option<String>,
+    /// Join rule.
+    pub join_rule: Option<String>,
+    /// `m.room.create` content.type.
+    pub room_type: Option<String>,
+    /// History visibility is world_readable.
+    pub world_readable: bool,
+    /// Guest access is can_join.
+    pub guest_can_join: bool,
+    /// Joined members.
+    pub joined_members: i64,
+}
+
+type SummaryRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+);
+
+/// Published rooms whose name, topic or canonical alias contains `pattern`
+/// (a lower-case LIKE pattern; `None`: all), most joined members first, then
+/// by room id: the page at `offset` of up to `limit`, and how many match.
+pub async fn published_summaries(
+    db: &Db,
+    pattern: Option<&str>,
+    offset: i64,
+    limit: i64,
+) -> Result<(Vec<RoomSummary>, i64)> {
+    let search = if pattern.is_some() {
+        "AND (LOWER(s.name) LIKE $3 ESCAPE '\\' OR LOWER(s.topic) LIKE $3 ESCAPE '\\' \
+              OR LOWER(s.canonical_alias) LIKE $3 ESCAPE '\\')"
+    } else {
+        ""
+    };
+    let from =
+        format!("FROM room_summaries s JOIN rooms r ON r.room_id = s.room_id WHERE r.published = 1 {search}");
+    let count = format!("SELECT COUNT(*) {from}").replace("$3", "$1");
+    let mut total = sqlx::query_scalar(sqlx::AssertSqlSafe(count));
+    let mut page = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT s.room_id, s.name, s.topic, s.avatar_url, s.canonical_alias, s.join_rule, s.room_type, \
+                s.world_readable, s.guest_can_join, s.joined_members {from} \
+         ORDER BY s.joined_members DESC, s.room_id LIMIT $1 OFFSET $2"
+    )))
+    .bind(limit)
+    .bind(offset);
+    if let Some(p) = pattern {
+        total = total.bind(p);
+        page = page.bind(p);
+    }
+    let total: i64 = total.fetch_one(&db.pool).await?;
+    let rows: Vec<SummaryRow> = page.fetch_all(&db.pool).await?;
+    let list = rows
+        .into_iter()
+        .map(
+            |(room_id, name, topic, avatar_url, canonical_alias, join_rule, room_type, wr, guest, joined)| {
+                RoomSummary {
+                    room_id,
+                    name,
+                    topic,
+                    avatar_url,
+                    canonical_alias,
+                    join_rule,
+                    room_type,
+                    world_readable: wr != 0,
+                    guest_can_join: guest != 0,
+                    joined_members: joined,
+                }
+            },
+        )
+        .collect();
+    Ok((list, total))
 }

@@ -107,3 +107,37 @@ pub async fn set_profile_field(db: &Db, user_id: &str, field: &str, value: Optio
     }
     Ok(())
 }
+
+/// The user directory in one query: users sharing a room with `searcher` (and
+/// the searcher), or joined to a room whose join rule is public, whose id or
+/// stored display name (JSON text, lower-cased) matches `pattern` (a
+/// lower-case LIKE pattern); by user id, at most `limit`. Each with their
+/// display name and avatar URL fields as stored (JSON text).
+pub async fn directory_search(
+    db: &Db,
+    searcher: &str,
+    pattern: &str,
+    limit: i64,
+) -> Result<Vec<(String, Option<String>, Option<String>)>> {
+    Ok(sqlx::query_as(
+        "WITH candidates AS ( \
+           SELECT b.state_key AS user_id FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
+            WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
+              AND b.event_type = 'm.room.member' AND b.membership = 'join' \
+           UNION \
+           SELECT m.state_key FROM room_state m JOIN room_summaries s ON s.room_id = m.room_id \
+            WHERE m.event_type = 'm.room.member' AND m.membership = 'join' AND s.join_rule = 'public' \
+           UNION \
+           SELECT user_id FROM users WHERE user_id = $1) \
+         SELECT c.user_id, d.value, a.value FROM candidates c \
+           LEFT JOIN profile_fields d ON d.user_id = c.user_id AND d.field = 'displayname' \
+           LEFT JOIN profile_fields a ON a.user_id = c.user_id AND a.field = 'avatar_url' \
+          WHERE LOWER(c.user_id) LIKE $2 ESCAPE '\\' OR LOWER(d.value) LIKE $2 ESCAPE '\\' \
+          ORDER BY c.user_id LIMIT $3",
+    )
+    .bind(searcher)
+    .bind(pattern)
+    .bind(limit)
+    .fetch_all(&db.pool)
+    .await?)
+}

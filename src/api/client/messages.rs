@@ -25,15 +25,21 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
 }
 
 /// The parts of a client's RoomEventFilter that select events (shared by
-/// `/messages`, `/context` and `/sync`).
-pub(super) fn event_filter(f: &RoomEventFilter) -> EventFilter {
-    EventFilter {
+/// `/messages`, `/context` and `/sync`); a list longer than the bound is 400.
+pub(super) fn event_filter(f: &RoomEventFilter) -> Result<EventFilter> {
+    history::check_filter_list("types", f.types.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_types", f.not_types.len())?;
+    history::check_filter_list("senders", f.senders.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_senders", f.not_senders.len())?;
+    history::check_filter_list("rooms", f.rooms.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_rooms", f.not_rooms.len())?;
+    Ok(EventFilter {
         types: f.types.clone(),
         not_types: f.not_types.clone(),
         senders: f.senders.as_ref().map(|s| s.iter().map(ToString::to_string).collect()),
         not_senders: f.not_senders.iter().map(ToString::to_string).collect(),
         contains_url: f.url_filter.as_ref().map(|u| matches!(u, UrlFilter::EventsWithUrl)),
-    }
+    })
 }
 
 fn lazy_members(f: &RoomEventFilter) -> bool {
@@ -98,7 +104,7 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
     };
     let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
     let fields = raw_event_fields(req.query_param("filter"))?;
-    let filter = event_filter(&b.filter);
+    let filter = event_filter(&b.filter)?;
     let page =
         history::page(&state, &view, &access, PageRequest { from, to, dir, limit, filter: &filter }).await?;
     let mut body = json!({
@@ -151,7 +157,7 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
     let before_limit = limit / 2;
     let after_limit = limit - before_limit;
     let fields = raw_event_fields(req.query_param("filter"))?;
-    let filter = event_filter(&b.filter);
+    let filter = event_filter(&b.filter)?;
     let before = if before_limit > 0 {
         let req =
             PageRequest { from: seq - 1, to: None, dir: Dir::Backward, limit: before_limit, filter: &filter };

@@ -61,46 +61,34 @@ async fn get(state: AppState, req: Ruma<get_presence::v3::Request>) -> Result<Va
 }
 
 /// Users who share a room with the searcher or are in a public room, whose id
-/// or display name contains the term.
+/// or display name contains the term: one query, at most `limit` + 1 rows.
 async fn search(state: AppState, req: Ruma<search_users::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let term = req.body.search_term.to_lowercase();
     let limit = usize::try_from(u64::from(req.body.limit)).unwrap_or(10).clamp(1, 100);
-    let mut candidates = crate::sync::room_peers(&state, &me.user_id).await?;
-    let public: Vec<String> = sqlx::query_scalar(
-        "SELECT m.state_key FROM room_state m JOIN room_state j ON j.room_id = m.room_id \
-         JOIN events e ON e.event_id = j.event_id \
-         WHERE m.event_type = 'm.room.member' AND m.membership = 'join' \
-           AND j.event_type = 'm.room.join_rules' AND j.state_key = '' AND e.json LIKE '%\"join_rule\":\"public\"%'",
-    )
-    .fetch_all(&state.db.pool)
-    .await?;
-    candidates.extend(public);
-    candidates.sort();
-    candidates.dedup();
+    let pattern = crate::room::directory::contains_pattern(&term);
+    let fetch = i64::try_from(limit + 1).unwrap_or(101);
+    let rows = users::directory_search(&state.db, me.user_id.as_str(), &pattern, fetch).await?;
+    let decode = |v: Option<String>| {
+        v.and_then(|v| serde_json::from_str::<Value>(&v).ok()).and_then(|v| v.as_str().map(str::to_owned))
+    };
     let mut results = Vec::new();
-    for user in candidates {
-        let profile: Vec<(String, String)> = users::profile(&state.db, &user).await?;
-        let field = |name: &str| {
-            profile
-                .iter()
-                .find(|(f, _)| f == name)
-                .and_then(|(_, v)| serde_json::from_str::<Value>(v).ok())
-                .and_then(|v| v.as_str().map(str::to_owned))
-        };
-        let display_name = field("displayname");
+    for (user, display_name, avatar_url) in rows {
+        let display_name = decode(display_name);
+        // The query matched the stored JSON text; the term must be in the name itself.
         let matches = user.to_lowercase().contains(&term)
             || display_name.as_ref().is_some_and(|d| d.to_lowercase().contains(&term));
-        if matches {
-            let mut entry = json!({ "user_id": user });
-            if let Some(d) = display_name {
-                entry["display_name"] = json!(d);
-            }
-            if let Some(a) = field("avatar_url") {
-                entry["avatar_url"] = json!(a);
-            }
-            results.push(entry);
+        if !matches {
+            continue;
         }
+        let mut entry = json!({ "user_id": user });
+        if let Some(d) = display_name {
+            entry["display_name"] = json!(d);
+        }
+        if let Some(a) = decode(avatar_url) {
+            entry["avatar_url"] = json!(a);
+        }
+        results.push(entry);
     }
     let limited = results.len() > limit;
     results.truncate(limit);

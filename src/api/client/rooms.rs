@@ -180,12 +180,8 @@ async fn get_state_for_key(
     let view = read::open(&state, &body.room_id).await?;
     let access = read::access(&state, &view, &me.user_id).await?;
     let kind = body.event_type.to_string();
-    let loaded = read::visible_state(&state, &view, &access, None)
+    let loaded = read::visible_state_event(&state, &view, &access, &kind, &body.state_key)
         .await?
-        .into_iter()
-        .find(|l| {
-            l.pdu.kind.to_string() == kind && l.pdu.state_key.as_deref() == Some(body.state_key.as_str())
-        })
         .ok_or_else(|| Error::NotFound("No such state event".into()))?;
     let event = read::format(&view, &loaded, me, &access.history);
     let wants_event = matches!(body.format, get_state_event_for_key::v3::StateEventFormat::Event);

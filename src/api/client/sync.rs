@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::api::extract::{Ruma, route, route_json};
 use crate::error::{Error, Result};
 use crate::room::fields::EventFields;
+use crate::room::history;
 use crate::state::AppState;
 use crate::storage::account_data;
 use crate::sync::{self, DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncRequest, Token};
@@ -23,13 +24,33 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     route(router, get)
 }
 
-fn sync_filter(def: &FilterDefinition) -> SyncFilter {
+/// Refuses a filter with a list longer than the bound, wherever in the
+/// definition (400 M_BAD_JSON): checked on upload and on every use, so a
+/// filter stored before the bound is refused too.
+fn check_definition(def: &FilterDefinition) -> Result<()> {
+    let room = &def.room;
+    history::check_filter_list("rooms", room.rooms.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_rooms", room.not_rooms.len())?;
+    for f in [&room.timeline, &room.state, &room.ephemeral, &room.account_data] {
+        super::messages::event_filter(f)?;
+    }
+    for f in [&def.presence, &def.account_data] {
+        history::check_filter_list("types", f.types.as_ref().map_or(0, Vec::len))?;
+        history::check_filter_list("not_types", f.not_types.len())?;
+        history::check_filter_list("senders", f.senders.as_ref().map_or(0, Vec::len))?;
+        history::check_filter_list("not_senders", f.not_senders.len())?;
+    }
+    Ok(())
+}
+
+fn sync_filter(def: &FilterDefinition) -> Result<SyncFilter> {
+    check_definition(def)?;
     let room = &def.room;
     let lazy = match room.state.lazy_load_options {
         LazyLoadOptions::Enabled { include_redundant_members } => Some(include_redundant_members),
         LazyLoadOptions::Disabled => None,
     };
-    SyncFilter {
+    Ok(SyncFilter {
         timeline_limit: room
             .timeline
             .limit
@@ -37,14 +58,14 @@ fn sync_filter(def: &FilterDefinition) -> SyncFilter {
                 usize::try_from(u64::from(l)).unwrap_or(DEFAULT_TIMELINE_LIMIT)
             })
             .clamp(1, 500),
-        timeline: super::messages::event_filter(&room.timeline),
+        timeline: super::messages::event_filter(&room.timeline)?,
         rooms: room.rooms.as_ref().map(|r| r.iter().map(ToString::to_string).collect()),
         not_rooms: room.not_rooms.iter().map(ToString::to_string).collect(),
         include_leave: room.include_leave,
         lazy_load_members: lazy.is_some(),
         include_redundant_members: lazy.unwrap_or(false),
-        state: super::messages::event_filter(&room.state),
-    }
+        state: super::messages::event_filter(&room.state)?,
+    })
 }
 
 /// Parses a filter definition the client sent, with the spec's 400 M_BAD_JSON
@@ -76,7 +97,7 @@ async fn sync_handler(state: AppState, req: Ruma<sync_events::Request>) -> Resul
     let request = SyncRequest {
         since: b.since.as_deref().map(Token::parse).transpose()?,
         full_state: b.full_state,
-        filter: sync_filter(&definition),
+        filter: sync_filter(&definition)?,
         timeout: b.timeout.unwrap_or_default().min(MAX_TIMEOUT),
         // MSC4222's unstable names go together: a client that sends the
         // unstable parameter (matrix-js-sdk does) reads only the unstable field.
@@ -105,6 +126,7 @@ async fn create(
         return Err(Error::Forbidden("You can only create filters for yourself".into()));
     }
     EventFields::parse(req.body.filter.event_fields.as_deref())?;
+    check_definition(&req.body.filter)?;
     let text = serde_json::to_string(&req.body.filter).map_err(|e| Error::Internal(e.to_string()))?;
     let id = account_data::put_filter(&state.db, me.user_id.as_str(), &text).await?;
     Ok(create_filter::v3::Response::new(id))
