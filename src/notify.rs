@@ -317,7 +317,11 @@ async fn push_for_user(state: &AppState, room_id: &str, lo: i64, hi: i64, user: 
             let app_id = pusher["app_id"].as_str().unwrap_or_default().to_owned();
             let state = state.clone();
             let user = user.to_owned();
-            tokio::spawn(async move { deliver(&state, &user, &app_id, &pushkey, &url, &body).await });
+            tokio::spawn(async move {
+                // Gateways that never answer hold a slot each, not the server.
+                let Ok(_slot) = state.push_slots.clone().acquire_owned().await else { return };
+                deliver(&state, &user, &app_id, &pushkey, &url, &body).await
+            });
         }
     }
     Ok(())
@@ -430,6 +434,9 @@ fn refused_by_policy(error: &OutboundError) -> bool {
 /// that rejects the pushkey gets the pusher removed, as the spec asks. A
 /// destination the outbound policy refuses, a redirect (never followed), a
 /// 4xx other than 429 or a reply over [`MAX_GATEWAY_REPLY_BYTES`] ends it.
+/// Push deliveries in flight at once; more wait for a slot.
+pub const MAX_PUSHES_IN_FLIGHT: usize = 64;
+
 async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url: &str, body: &Value) {
     let mut wait = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {

@@ -41,6 +41,8 @@ pub struct Services {
     pub pusher_users: std::sync::RwLock<std::collections::HashSet<String>>,
     /// Outgoing HTTP (push gateways): address checks, TLS, no redirects.
     pub outbound: crate::outbound::Outbound,
+    /// Push deliveries in flight at once (each may wait on a slow gateway).
+    pub push_slots: std::sync::Arc<tokio::sync::Semaphore>,
     /// Access tokens resolved recently.
     pub tokens: crate::account::TokenCache,
     /// Password checks take turns per account.
@@ -78,6 +80,7 @@ impl AppState {
             counts: crate::notify::CountCache::default(),
             pusher_users: std::sync::RwLock::new(pusher_users),
             outbound,
+            push_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(crate::notify::MAX_PUSHES_IN_FLIGHT)),
             tokens: crate::account::TokenCache::default(),
             password_gate: crate::account::PasswordGate::default(),
             write_queue: crate::room::timeline::WriteQueue::default(),

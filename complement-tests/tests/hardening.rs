@@ -5,7 +5,7 @@
 
 use complement_tests::api::*;
 use complement_tests::backend_tests;
-use complement_tests::harness::{Backend, Server, User};
+use complement_tests::harness::{Backend, Options, Server, User};
 use serde_json::{Value, json};
 
 backend_tests!(
@@ -13,6 +13,9 @@ backend_tests!(
     presence_is_for_those_who_share_a_room,
     server_controlled_account_data_is_refused,
     uia_session_deletes_only_the_devices_it_was_started_for,
+    bulk_membership_is_capped_and_held_to_the_invite_limits,
+    knocking_and_leaving_are_held_to_the_limits,
+    restricted_joiner_can_still_change_their_member_event,
 );
 
 async fn create_room(server: &Server, user: &User, body: Value) -> String {
@@ -139,4 +142,103 @@ async fn uia_session_deletes_only_the_devices_it_was_started_for(backend: Backen
     assert_eq!(status, 200, "{body}");
     let response = server.get(&format!("{V3}/account/whoami"), Some(&b.token)).await;
     assert_error(&response, 401, "M_UNKNOWN_TOKEN", "device B is deleted");
+}
+
+/// seqline's bulk membership takes at most 100 changes, and its invites are
+/// charged like /invite's: a user invited over and over is soon 429.
+async fn bulk_membership_is_capped_and_held_to_the_invite_limits(backend: Backend) {
+    let server = Server::start_with(&backend, Options::default().env("SEQLINE_RATE_LIMITS", "on")).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(&server, &alice, json!({})).await;
+    let bulk = format!("/_matrix/client/unstable/org.seqline/rooms/{}/bulk_membership", enc(&room));
+    let many: Vec<String> = (0..101).map(|i| format!("@u{i}:test.local")).collect();
+    let response = server.post(&bulk, Some(&alice.token), json!({ "kick": many })).await;
+    assert_error(&response, 400, "M_INVALID_PARAM", "101 changes in one request");
+
+    let mut limited = None;
+    for round in 0..12 {
+        let (status, body) = server.post(&bulk, Some(&alice.token), json!({ "invite": [bob.user_id] })).await;
+        if status == 429 {
+            assert_eq!(body["errcode"], "M_LIMIT_EXCEEDED", "{body}");
+            limited = Some(round);
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = server.post(&bulk, Some(&alice.token), json!({ "kick": [bob.user_id] })).await;
+        if status == 429 {
+            limited = Some(round);
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(limited.is_some(), "bulk invites were never limited");
+}
+
+/// Knocking and leaving over and over fills every member's timeline: both
+/// are limited (knock as a join, leave as a send).
+async fn knocking_and_leaving_are_held_to_the_limits(backend: Backend) {
+    let server = Server::start_with(&backend, Options::default().env("SEQLINE_RATE_LIMITS", "on")).await;
+    let alice = server.register("alice", "pw").await;
+    let eve = server.register("eve", "pw").await;
+    let room = create_room(
+        &server,
+        &alice,
+        json!({ "initial_state": [{ "type": "m.room.join_rules", "content": { "join_rule": "knock" } }] }),
+    )
+    .await;
+    let mut limited = false;
+    for _ in 0..30 {
+        let (status, body) =
+            server.post(&format!("{V3}/knock/{}", enc(&room)), Some(&eve.token), json!({})).await;
+        if status == 429 {
+            limited = true;
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = server.post(&room_path(&room, "/leave"), Some(&eve.token), json!({})).await;
+        if status == 429 {
+            limited = true;
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(limited, "30 knock and leave rounds were never limited");
+}
+
+/// After a restricted join (whose member event names an authoriser), the
+/// member may still change their display name there: the copied field is
+/// dropped, not refused.
+async fn restricted_joiner_can_still_change_their_member_event(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let space = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    let room = create_room(
+        &server,
+        &alice,
+        json!({ "initial_state": [{ "type": "m.room.join_rules", "content": {
+            "join_rule": "restricted", "allow": [{ "type": "m.room_membership", "room_id": space }] } }] }),
+    )
+    .await;
+    join(&server, &bob, &space).await;
+    join(&server, &bob, &room).await;
+    let member = room_path(&room, &format!("/state/m.room.member/{}", enc(&bob.user_id)));
+    let (_, content) = server.get(&member, Some(&bob.token)).await;
+    assert_eq!(content["join_authorised_via_users_server"], alice.user_id.as_str(), "{content}");
+
+    let name = format!("{V3}/profile/{}/displayname", enc(&bob.user_id));
+    let (status, body) = server.put(&name, Some(&bob.token), json!({ "displayname": "Bobby" })).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, content) = server.get(&member, Some(&bob.token)).await;
+    assert_eq!(content["displayname"], "Bobby", "{content}");
+    assert_eq!(content["membership"], "join");
+    // A per-room name, the way clients set it: the current content with a new name.
+    let mut per_room = content.clone();
+    per_room["displayname"] = json!("Bob here");
+    per_room["join_authorised_via_users_server"] = json!(alice.user_id);
+    let (status, body) = server.put(&member, Some(&bob.token), per_room).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, content) = server.get(&member, Some(&bob.token)).await;
+    assert_eq!(content["displayname"], "Bob here", "{content}");
 }

@@ -84,7 +84,9 @@ async fn send_cannot_redact_an_event_of_another_room(backend: Backend) {
         let response =
             send(&server, &eve, &eves, "m.room.redaction", &format!("r{i}"), json!({ "redacts": target }))
                 .await;
-        assert_error(&response, 400, "M_INVALID_PARAM", "a redaction of another room's event");
+        // The same answer as for an id that names nothing: no oracle for
+        // which events exist in rooms Eve cannot see.
+        assert_error(&response, 404, "M_NOT_FOUND", "a redaction of another room's event");
     }
     let event = get_event(&server, &alice, &room, &message).await;
     assert_eq!(event["content"]["body"], "mine", "{event}");
@@ -208,6 +210,12 @@ async fn redact_endpoint_answers_400_for_another_rooms_event(backend: Backend) {
     let path = room_path(&room, &format!("/redact/{}/r1", enc(&elsewhere)));
     let response = server.put(&path, Some(&alice.token), json!({})).await;
     assert_error(&response, 400, "M_INVALID_PARAM", "redact another room's event");
+    // Bob, who cannot see that room, gets the 404 of an unknown event.
+    let bob = server.register("bob", "pw").await;
+    let bobs = create_room(&server, &bob, json!({})).await;
+    let path = room_path(&bobs, &format!("/redact/{}/r1", enc(&elsewhere)));
+    let response = server.put(&path, Some(&bob.token), json!({})).await;
+    assert_error(&response, 404, "M_NOT_FOUND", "redact an event of a room one cannot see");
     let event = get_event(&server, &alice, &other, &elsewhere).await;
     assert_eq!(event["content"]["body"], "elsewhere");
     assert_untouched(&event, "the other room's event");

@@ -226,17 +226,29 @@ fn without_empty_auth(bytes: axum::body::Bytes) -> axum::body::Bytes {
 /// parsed (a malformed request costs nothing), before the handler changes anything.
 fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Result<()> {
     use crate::ratelimit::Action;
-    use ruma::api::client::{membership, message, presence, redact, room, state as room_state};
+    use ruma::api::client::{
+        knock, membership, message, presence, profile, redact, room, state as room_state,
+    };
 
     let limiter = &state.rate_limiter;
     let user = requester.user_id.as_str();
+    // Every request that puts an event into rooms counts as a send:
+    // messages, state, redactions, leaves, kicks, bans, unbans, and profile
+    // changes (copied into the member event of every joined room).
     if body.is::<message::send_message_event::v3::Request>()
         || body.is::<room_state::send_state_event::v3::Request>()
         || body.is::<redact::redact_event::v3::Request>()
+        || body.is::<membership::leave_room::v3::Request>()
+        || body.is::<membership::kick_user::v3::Request>()
+        || body.is::<membership::ban_user::v3::Request>()
+        || body.is::<membership::unban_user::v3::Request>()
+        || body.is::<profile::set_profile_field::v3::Request>()
+        || body.is::<profile::delete_profile_field::v3::Request>()
     {
         limiter.check(Action::Message, user)
     } else if body.is::<membership::join_room_by_id::v3::Request>()
         || body.is::<membership::join_room_by_id_or_alias::v3::Request>()
+        || body.is::<knock::knock_room::v3::Request>()
     {
         limiter.check(Action::Join, user)
     } else if let Some(invite) = body.downcast_ref::<membership::invite_user::v3::Request>() {

@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events;
 
+/// The most entries of a join rule's `allow` list looked at.
+const MAX_ALLOWED_ROOMS: usize = 50;
+
 /// The member event field that names who authorised a restricted join.
 pub const AUTHORISER_FIELD: &str = "join_authorised_via_users_server";
 
@@ -30,18 +33,30 @@ pub(super) async fn prepare(
     if draft.kind != "m.room.member" {
         return Ok(None);
     }
+    let sender = draft.sender.as_str();
+    let own_join = member_value(&draft.kind, &draft.content) == Some("join")
+        && draft.state_key.as_deref() == Some(sender);
+    let current = match &draft.state_key {
+        Some(target) => {
+            writer.state_event("m.room.member", target).await?.and_then(|p| p.content_as::<Value>())
+        }
+        None => None,
+    };
+    let was = current.as_ref().and_then(|c| c["membership"].as_str().map(str::to_owned));
     if draft.content.contains_key(AUTHORISER_FIELD) {
+        if own_join && was.as_deref() == Some("join") {
+            // A member changing their member event (a display name, say)
+            // copies its content: the field counts only on the way in, so
+            // it is dropped, not refused.
+            let mut draft = draft.clone();
+            draft.content.remove(AUTHORISER_FIELD);
+            return Ok(Some(draft));
+        }
         return Err(Error::Forbidden(format!(
             "{AUTHORISER_FIELD} is chosen by the server, not by the client"
         )));
     }
-    let sender = draft.sender.as_str();
-    if member_value(&draft.kind, &draft.content) != Some("join") || draft.state_key.as_deref() != Some(sender)
-    {
-        return Ok(None);
-    }
-    let current = writer.state_event("m.room.member", sender).await?.and_then(|p| p.content_as::<Value>());
-    if current.as_ref().is_some_and(|c| matches!(c["membership"].as_str(), Some("join" | "invite"))) {
+    if !own_join || matches!(was.as_deref(), Some("join" | "invite")) {
         // Members and invitees join whatever the rule says.
         return Ok(None);
     }
@@ -56,9 +71,12 @@ pub(super) async fn prepare(
     if !restricted {
         return Ok(None);
     }
-    let allowed_rooms = rules["allow"].as_array().into_iter().flatten().filter_map(|entry| {
-        (entry["type"] == "m.room_membership").then(|| entry["room_id"].as_str()).flatten()
-    });
+    // Each allowed room costs a lookup inside the room's write lock: only
+    // the first MAX_ALLOWED_ROOMS count.
+    let allowed_rooms =
+        rules["allow"].as_array().into_iter().flatten().take(MAX_ALLOWED_ROOMS).filter_map(|entry| {
+            (entry["type"] == "m.room_membership").then(|| entry["room_id"].as_str()).flatten()
+        });
     let mut in_allowed_room = false;
     for room in allowed_rooms.collect::<Vec<_>>() {
         if events::membership_tx(writer.conn(), room, sender).await?.as_deref() == Some("join") {

@@ -32,8 +32,11 @@ pub fn target(rules: &RoomVersionRules, pdu: &Pdu) -> Result<Option<OwnedEventId
 }
 
 /// Whether `redaction` (whose target is `target`, an event found in room
-/// `target_room`) may redact it: 400 for an event of another room, 403 when
-/// the sender neither sent it nor has the `redact` level.
+/// `target_room`) may redact it: an event of another room is the same 404 as
+/// an unknown one (the answer must not tell which event ids exist in rooms
+/// the sender may not see; `/redact`, which can ask what the caller reads,
+/// says 400 for another room's event they can see), 403 when the sender
+/// neither sent it nor has the `redact` level.
 pub fn check(
     redaction: &Pdu,
     room_id: &str,
@@ -42,7 +45,7 @@ pub fn check(
     power: &RoomPowerLevels,
 ) -> Result<()> {
     if target_room != room_id {
-        return Err(Error::InvalidParam("The event to redact is not in this room".into()));
+        return Err(Error::NotFound("The event to redact is not known in this room".into()));
     }
     let allowed = if target.sender == redaction.sender {
         power.user_can_redact_own_event(&redaction.sender)

@@ -327,7 +327,7 @@ impl RoomWriter {
     /// outer error is a storage failure, the inner one the refusal.
     async fn check_redaction(&mut self, redaction: &Pdu, target: &OwnedEventId) -> Result<Result<()>> {
         let Some(stored) = events::by_id_tx(self.tx.conn(), target.as_str()).await? else {
-            return Ok(Err(Error::NotFound("The event to redact is not known".into())));
+            return Ok(Err(Error::NotFound("The event to redact is not known in this room".into())));
         };
         let target_pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
         let power = self.power_levels().await?;

@@ -1,6 +1,6 @@
 //! Account data (global and per room) and stored sync filters.
 
-use super::{Backend, Db};
+use super::Db;
 use crate::error::Result;
 
 /// Sets account data at stream position `stream`; `room_id` '' is global.
@@ -110,13 +110,8 @@ pub async fn add_pusher(
     max: i64,
 ) -> Result<bool> {
     let mut tx = db.begin_write().await?;
-    if db.backend == Backend::Postgres {
-        // Two concurrent adds of one user count one after the other.
-        sqlx::query("SELECT user_id FROM users WHERE user_id = $1 FOR UPDATE")
-            .bind(user_id)
-            .fetch_optional(tx.conn())
-            .await?;
-    }
+    // Two concurrent adds of one user count one after the other.
+    super::users::lock_for_count(db, tx.conn(), user_id).await?;
     let others: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM pushers WHERE user_id = $1 AND NOT (app_id = $2 AND pushkey = $3)",
     )

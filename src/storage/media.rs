@@ -30,10 +30,13 @@ pub async fn reserve(
     since: i64,
     max_pending: u32,
 ) -> Result<bool> {
+    let mut tx = db.begin_write().await?;
+    // Two concurrent reservations of one user count one after the other.
+    super::users::lock_for_count(db, tx.conn(), uploader).await?;
     sqlx::query("DELETE FROM media WHERE uploader = $1 AND uploaded = 0 AND created_ts <= $2")
         .bind(uploader)
         .bind(since)
-        .execute(&db.pool)
+        .execute(tx.conn())
         .await?;
     let r = sqlx::query(
         "INSERT INTO media (media_id, uploader, created_ts) SELECT $1, $2, $3 \
@@ -44,8 +47,9 @@ pub async fn reserve(
     .bind(now)
     .bind(since)
     .bind(i64::from(max_pending))
-    .execute(&db.pool)
+    .execute(tx.conn())
     .await?;
+    tx.commit().await?;
     Ok(r.rows_affected() > 0)
 }
 

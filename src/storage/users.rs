@@ -141,3 +141,17 @@ pub async fn directory_search(
     .fetch_all(&db.pool)
     .await?)
 }
+
+/// Serialises, on PostgreSQL, the transactions of one user that count rows
+/// and then insert under a cap (pushers, to-device messages, media
+/// reservations): the row lock makes the second wait for the first. SQLite's
+/// write transactions are serial already.
+pub async fn lock_for_count(db: &Db, conn: &mut sqlx::AnyConnection, user_id: &str) -> Result<()> {
+    if db.backend == super::Backend::Postgres {
+        sqlx::query("SELECT user_id FROM users WHERE user_id = $1 FOR UPDATE")
+            .bind(user_id)
+            .fetch_optional(conn)
+            .await?;
+    }
+    Ok(())
+}

@@ -220,6 +220,8 @@ async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Req
     }
     let reservation = state.streams.reserve();
     let mut tx = state.db.begin_write().await?;
+    // One sender's requests count their queued messages one after the other.
+    crate::storage::users::lock_for_count(&state.db, tx.conn(), me.user_id.as_str()).await?;
     if !events::claim_txn(tx.conn(), txn, "", crate::storage::now_ms()).await? {
         // The same transaction, sent again meanwhile, is being or was stored.
         return Ok(json!({}));

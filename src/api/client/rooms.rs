@@ -299,7 +299,17 @@ async fn redact(state: AppState, req: Ruma<redact_event::v3::Request>) -> Result
         return Err(Error::Forbidden("You are not joined to this room".into()));
     }
     if target.stored.room_id != body.room_id.as_str() {
-        return Err(Error::InvalidParam("The event to redact is not in this room".into()));
+        // 400 only to someone who can see the event where it is; to anyone
+        // else it is as unknown as an id that names nothing.
+        let elsewhere =
+            ruma::RoomId::parse(&target.stored.room_id).map_err(|e| Error::Internal(e.to_string()))?;
+        let there = read::open(&state, &elsewhere).await?;
+        let readable = read::access(&state, &there, &me.user_id).await?.ranges.contains(target.stored.seq);
+        return Err(if readable {
+            Error::InvalidParam("The event to redact is not in this room".into())
+        } else {
+            Error::NotFound("Event not found".into())
+        });
     }
     if !access.ranges.contains(target.stored.seq) {
         return Err(Error::NotFound("Event not found".into()));

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use crate::api::extract::{Authed, JsonBody};
 use crate::error::{Error, Result};
+use crate::ratelimit::Action;
 use crate::room::membership::{self, Change};
 use crate::room::{power, read};
 use crate::state::AppState;
@@ -86,6 +87,9 @@ async fn purge(
     Ok(axum::Json(json!({})))
 }
 
+/// The most membership changes one bulk request makes.
+const MAX_BULK_CHANGES: usize = 100;
+
 #[derive(Deserialize)]
 struct BulkBody {
     #[serde(default)]
@@ -118,6 +122,23 @@ async fn bulk_membership(
         .collect();
     if changes.is_empty() {
         return Err(Error::MissingParam("Give at least one of invite, kick, ban".into()));
+    }
+    if changes.len() > MAX_BULK_CHANGES {
+        return Err(Error::InvalidParam(format!("At most {MAX_BULK_CHANGES} changes in one request")));
+    }
+    // The limits /invite, /kick and /ban are held to: each change is a send,
+    // each invite one into the room and one for the invitee (nobody's bucket
+    // is charged unless every invitee has room).
+    let limiter = &state.rate_limiter;
+    for invitee in &body.invite {
+        limiter.peek(Action::InviteUser, invitee.as_str())?;
+    }
+    for _ in &changes {
+        limiter.check(Action::Message, me.user_id.as_str())?;
+    }
+    for invitee in &body.invite {
+        limiter.check(Action::InviteRoom, room_id.as_str())?;
+        limiter.check(Action::InviteUser, invitee.as_str())?;
     }
     let appended = membership::bulk(&state, &room_id, &me.user_id, changes).await?;
     let ids: Vec<String> = appended.iter().map(|a| a.pdu.event_id.to_string()).collect();
