@@ -46,3 +46,35 @@ pub fn event_id_of(response: &Value) -> String {
     assert!(id.starts_with('$'), "{id}");
     id.to_owned()
 }
+
+/// Creates a room with `body` as createRoom's; asserts success, returns its id.
+pub async fn create_room(
+    server: &crate::harness::Server,
+    user: &crate::harness::User,
+    body: Value,
+) -> String {
+    let (status, body) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body).await;
+    assert_eq!(status, 200, "{body}");
+    body["room_id"].as_str().expect("room_id").to_owned()
+}
+
+/// Joins a room by id; asserts success.
+pub async fn join(server: &crate::harness::Server, user: &crate::harness::User, room: &str) {
+    let (status, body) = server.post(&room_path(room, "/join"), Some(&user.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// One `/sync` that does not wait (`since`: the previous `next_batch`).
+pub async fn sync_once(
+    server: &crate::harness::Server,
+    user: &crate::harness::User,
+    since: Option<&str>,
+) -> Value {
+    let path = match since {
+        Some(s) => format!("{V3}/sync?timeout=0&since={}", enc(s)),
+        None => format!("{V3}/sync?timeout=0"),
+    };
+    let (status, body) = server.get(&path, Some(&user.token)).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}

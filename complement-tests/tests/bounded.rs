@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use complement_tests::api::{V3, assert_error, enc, event_id_of, room_path, text};
+use complement_tests::api::{V3, assert_error, create_room, enc, event_id_of, room_path, text};
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Options, Server, User};
 use serde_json::{Value, json};
@@ -19,12 +19,6 @@ backend_tests!(
     user_directory_finds_peers_and_public_room_members,
     slow_clients_are_cut_off,
 );
-
-async fn create_room(server: &Server, user: &User, body: Value) -> String {
-    let (status, created) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body).await;
-    assert_eq!(status, 200, "{created}");
-    created["room_id"].as_str().unwrap().to_owned()
-}
 
 /// Sends `count` text messages, a few requests at a time.
 async fn send_many(server: &Server, user: &User, room_id: &str, count: usize) {

@@ -6,7 +6,7 @@
 use complement_tests::api::*;
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Options, Server, User};
-use serde_json::{Value, json};
+use serde_json::json;
 
 backend_tests!(
     members_at_a_point_one_cannot_read_is_forbidden,
@@ -17,17 +17,6 @@ backend_tests!(
     knocking_and_leaving_are_held_to_the_limits,
     restricted_joiner_can_still_change_their_member_event,
 );
-
-async fn create_room(server: &Server, user: &User, body: Value) -> String {
-    let (status, body) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body).await;
-    assert_eq!(status, 200, "{body}");
-    body["room_id"].as_str().expect("room_id").to_owned()
-}
-
-async fn join(server: &Server, user: &User, room: &str) {
-    let (status, body) = server.post(&room_path(room, "/join"), Some(&user.token), json!({})).await;
-    assert_eq!(status, 200, "{body}");
-}
 
 /// The position just after the room's newest event, as `alice` pages.
 async fn newest_token(server: &Server, user: &User, room: &str) -> String {

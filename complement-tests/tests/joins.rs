@@ -19,12 +19,6 @@ backend_tests!(
     knock_needs_a_knock_join_rule,
 );
 
-async fn create_room(server: &Server, user: &User, body: Value) -> String {
-    let (status, body) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body).await;
-    assert_eq!(status, 200, "{body}");
-    body["room_id"].as_str().expect("room_id").to_owned()
-}
-
 /// A room whose join rule is `rule`, allowing members of `allowed`.
 async fn room_with_rule(server: &Server, owner: &User, rule: &str, allowed: Option<&str>) -> String {
     let mut content = json!({ "join_rule": rule });
@@ -55,16 +49,6 @@ fn knock_path(room: &str) -> String {
 async fn member_content(server: &Server, viewer: &User, room: &str, user: &User) -> (u16, Value) {
     let path = room_path(room, &format!("/state/m.room.member/{}", enc(&user.user_id)));
     server.get(&path, Some(&viewer.token)).await
-}
-
-async fn sync(server: &Server, user: &User, since: Option<&str>) -> Value {
-    let path = match since {
-        Some(s) => format!("{V3}/sync?timeout=0&since={}", enc(s)),
-        None => format!("{V3}/sync?timeout=0"),
-    };
-    let (status, body) = server.get(&path, Some(&user.token)).await;
-    assert_eq!(status, 200, "{body}");
-    body
 }
 
 /// Bob may join Alice's restricted room only once he is in the space it
@@ -155,7 +139,7 @@ async fn knock_is_seen_by_members_and_accepted_by_invite(backend: Backend) {
     let (status, body) =
         server.post(&knock_path(&room), Some(&bob.token), json!({ "reason": "let me in" })).await;
     assert_eq!(status, 200, "{body}");
-    let first = sync(&server, &bob, None).await;
+    let first = sync_once(&server, &bob, None).await;
     let knock = &first["rooms"]["knock"][&room];
     let events =
         knock["knock_state"]["events"].as_array().unwrap_or_else(|| panic!("no knock for the room: {first}"));
@@ -187,7 +171,7 @@ async fn knock_is_seen_by_members_and_accepted_by_invite(backend: Backend) {
         .post(&room_path(&room, "/invite"), Some(&alice.token), json!({ "user_id": bob.user_id }))
         .await;
     assert_eq!(status, 200, "{body}");
-    let later = sync(&server, &bob, Some(&next)).await;
+    let later = sync_once(&server, &bob, Some(&next)).await;
     assert!(later["rooms"]["invite"].get(&room).is_some(), "{later}");
     assert!(later["rooms"]["knock"].get(&room).is_none(), "{later}");
     let (status, body) = post(&server, &bob, &join_path(&room)).await;
@@ -203,7 +187,7 @@ async fn knock_refused_by_kick_shows_as_left(backend: Backend) {
     let room = room_with_rule(&server, &alice, "knock", None).await;
     let (status, _) = post(&server, &dave, &knock_path(&room)).await;
     assert_eq!(status, 200);
-    let first = sync(&server, &dave, None).await;
+    let first = sync_once(&server, &dave, None).await;
     assert!(first["rooms"]["knock"].get(&room).is_some(), "{first}");
     let next = first["next_batch"].as_str().unwrap().to_owned();
 
@@ -215,7 +199,7 @@ async fn knock_refused_by_kick_shows_as_left(backend: Backend) {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let later = sync(&server, &dave, Some(&next)).await;
+    let later = sync_once(&server, &dave, Some(&next)).await;
     assert!(later["rooms"]["knock"].get(&room).is_none(), "{later}");
     let timeline =
         later["rooms"]["leave"][&room]["timeline"]["events"].as_array().unwrap_or_else(|| panic!("{later}"));

@@ -19,12 +19,6 @@ backend_tests!(
     v10_redaction_needs_the_top_level_field,
 );
 
-async fn create_room(server: &Server, user: &User, body: Value) -> String {
-    let (status, body) = server.post(&format!("{V3}/createRoom"), Some(&user.token), body).await;
-    assert_eq!(status, 200, "{body}");
-    body["room_id"].as_str().expect("room_id").to_owned()
-}
-
 async fn send(
     server: &Server,
     user: &User,
@@ -42,11 +36,6 @@ async fn get_event(server: &Server, user: &User, room: &str, event_id: &str) -> 
         server.get(&room_path(room, &format!("/event/{}", enc(event_id))), Some(&user.token)).await;
     assert_eq!(status, 200, "{event}");
     event
-}
-
-async fn join(server: &Server, user: &User, room: &str) {
-    let (status, body) = server.post(&room_path(room, "/join"), Some(&user.token), json!({})).await;
-    assert_eq!(status, 200, "{body}");
 }
 
 /// The event id of the room's current state event (type, "").

@@ -18,16 +18,6 @@ async fn send(server: &Server, from: &User, to: &User, device: &str, txn: &str, 
     server.put(&format!("{V3}/sendToDevice/m.test/{txn}"), Some(&from.token), body).await
 }
 
-async fn sync(server: &Server, user: &User, since: Option<&str>) -> Value {
-    let path = match since {
-        Some(s) => format!("{V3}/sync?timeout=0&since={}", enc(s)),
-        None => format!("{V3}/sync?timeout=0"),
-    };
-    let (status, body) = server.get(&path, Some(&user.token)).await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
 fn numbers(sync: &Value) -> Vec<u64> {
     sync["to_device"]["events"]
         .as_array()
@@ -62,8 +52,8 @@ async fn messages_for_unknown_devices_are_not_kept(backend: Backend) {
         token: login["access_token"].as_str().unwrap().to_owned(),
         device_id: "LATER".into(),
     };
-    assert_eq!(numbers(&sync(&server, &later, None).await), Vec::<u64>::new());
-    assert_eq!(numbers(&sync(&server, &bob, None).await), vec![2]);
+    assert_eq!(numbers(&sync_once(&server, &later, None).await), Vec::<u64>::new());
+    assert_eq!(numbers(&sync_once(&server, &bob, None).await), vec![2]);
 }
 
 /// 150 messages: the first sync carries 100, the next the other 50, in the
@@ -72,7 +62,7 @@ async fn a_sync_carries_at_most_100_and_the_rest_follow(backend: Backend) {
     let server = Server::start(&backend).await;
     let alice = server.register("alice", "pw").await;
     let bob = server.register("bob", "pw").await;
-    let first = sync(&server, &bob, None).await;
+    let first = sync_once(&server, &bob, None).await;
     let mut since = first["next_batch"].as_str().unwrap().to_owned();
     for n in 0..150 {
         let (status, body) = send(&server, &alice, &bob, &bob.device_id, &format!("t{n}"), n).await;
@@ -80,7 +70,7 @@ async fn a_sync_carries_at_most_100_and_the_rest_follow(backend: Backend) {
     }
     let mut got = Vec::new();
     for expected in [100, 50, 0] {
-        let page = sync(&server, &bob, Some(&since)).await;
+        let page = sync_once(&server, &bob, Some(&since)).await;
         let n = numbers(&page);
         assert_eq!(n.len(), expected, "{page}");
         got.extend(n);
@@ -108,7 +98,7 @@ async fn one_sender_queues_at_most_1000_for_a_device(backend: Backend) {
     let mut since: Option<String> = None;
     let mut got = Vec::new();
     loop {
-        let page = sync(&server, &bob, since.as_deref()).await;
+        let page = sync_once(&server, &bob, since.as_deref()).await;
         let n = numbers(&page);
         if n.is_empty() {
             break;
