@@ -375,6 +375,7 @@ pub async fn add_pusher(
     state: &AppState,
     me: &Requester,
     pusher: &ruma::api::client::push::Pusher,
+    append: bool,
 ) -> Result<()> {
     if let ruma::api::client::push::PusherKind::Http(http) = &pusher.kind {
         check_gateway_url(&http.url)?;
@@ -382,17 +383,15 @@ pub async fn add_pusher(
     let text = serde_json::to_string(pusher).map_err(|e| Error::Internal(e.to_string()))?;
     let ids = &pusher.ids;
     let user = me.user_id.as_str();
-    if !account_data::add_pusher(
-        &state.db,
-        user,
-        me.device_id.as_str(),
-        &ids.app_id,
-        &ids.pushkey,
-        &text,
-        MAX_PUSHERS_PER_USER,
-    )
-    .await?
-    {
+    let new = account_data::NewPusher {
+        user_id: user,
+        device_id: me.device_id.as_str(),
+        app_id: &ids.app_id,
+        pushkey: &ids.pushkey,
+        pusher: &text,
+        append,
+    };
+    if !account_data::add_pusher(&state.db, new, MAX_PUSHERS_PER_USER).await? {
         return Err(Error::Forbidden(format!(
             "Too many pushers: a user may have at most {MAX_PUSHERS_PER_USER}"
         )));

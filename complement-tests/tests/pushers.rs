@@ -20,7 +20,30 @@ backend_tests!(
     gateway_redirects_are_not_followed,
     a_huge_gateway_reply_is_abandoned,
     https_gateways_must_present_a_trusted_certificate,
+    a_push_key_taken_by_another_user_leaves_the_first,
 );
+
+/// Without `append`, a push key set by Bob is no longer Alice's (the phone
+/// changed hands); with `append: true` both keep it.
+async fn a_push_key_taken_by_another_user_leaves_the_first(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let carol = server.register("carol", "pw").await;
+    let url = "https://push.example.org/_matrix/push/v1/notify";
+    set_pusher(&server, &alice.token, "phone", url).await;
+    set_pusher(&server, &alice.token, "tablet", url).await;
+    set_pusher(&server, &bob.token, "phone", url).await;
+    assert_eq!(pushkeys(&server, &alice.token).await, vec!["tablet"]);
+    assert_eq!(pushkeys(&server, &bob.token).await, vec!["phone"]);
+
+    let mut shared = pusher("phone", url);
+    shared["append"] = json!(true);
+    let (status, body) = server.post("/_matrix/client/v3/pushers/set", Some(&carol.token), shared).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(pushkeys(&server, &bob.token).await, vec!["phone"]);
+    assert_eq!(pushkeys(&server, &carol.token).await, vec!["phone"]);
+}
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -100,18 +100,39 @@ pub async fn pushers(db: &Db, user_id: &str) -> Result<Vec<String>> {
 /// Stores a pusher (replacing the user's one with the same app id and
 /// pushkey) for the device whose token set it, unless the user would then
 /// have more than `max`: false, and nothing changed.
-pub async fn add_pusher(
-    db: &Db,
-    user_id: &str,
-    device_id: &str,
-    app_id: &str,
-    pushkey: &str,
-    pusher: &str,
-    max: i64,
-) -> Result<bool> {
+/// A pusher to store.
+#[derive(Debug, Clone, Copy)]
+pub struct NewPusher<'a> {
+    /// Its user.
+    pub user_id: &'a str,
+    /// The device whose access token set it (it goes with the device).
+    pub device_id: &'a str,
+    /// `app_id`.
+    pub app_id: &'a str,
+    /// `pushkey`.
+    pub pushkey: &'a str,
+    /// The whole pusher, as JSON text.
+    pub pusher: &'a str,
+    /// The spec's `append`: false takes the app and key from other users.
+    pub append: bool,
+}
+
+pub async fn add_pusher(db: &Db, new: NewPusher<'_>, max: i64) -> Result<bool> {
+    let NewPusher { user_id, device_id, app_id, pushkey, pusher, append } = new;
     let mut tx = db.begin_write().await?;
     // Two concurrent adds of one user count one after the other.
     super::users::lock_for_count(db, tx.conn(), user_id).await?;
+    if !append {
+        // The spec's default: this app and push key now belong to this
+        // user alone (a phone that changed hands stops getting the previous
+        // owner's notifications).
+        sqlx::query("DELETE FROM pushers WHERE app_id = $1 AND pushkey = $2 AND user_id <> $3")
+            .bind(app_id)
+            .bind(pushkey)
+            .bind(user_id)
+            .execute(tx.conn())
+            .await?;
+    }
     let others: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM pushers WHERE user_id = $1 AND NOT (app_id = $2 AND pushkey = $3)",
     )

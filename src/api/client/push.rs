@@ -236,7 +236,7 @@ async fn set_pushers(
 ) -> Result<set_pusher::v3::Response> {
     let me = req.requester()?;
     match &req.body.action {
-        PusherAction::Post(data) => crate::notify::add_pusher(&state, me, &data.pusher).await?,
+        PusherAction::Post(data) => crate::notify::add_pusher(&state, me, &data.pusher, data.append).await?,
         PusherAction::Delete(ids) => {
             account_data::delete_pusher(&state.db, me.user_id.as_str(), &ids.app_id, &ids.pushkey).await?;
         }
