@@ -262,10 +262,13 @@ fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Re
             _ => limiter.check(Action::InviteRoom, invite.room_id.as_str()),
         }
     } else if let Some(create) = body.downcast_ref::<room::create_room::v3::Request>() {
-        // The invitees of a new room count as invited: all have room, or none is charged.
+        // A new room is a send (of several events); its invitees count as
+        // invited: all have room, or none is charged.
+        limiter.peek(Action::Message, user)?;
         for invitee in &create.invite {
             limiter.peek(Action::InviteUser, invitee.as_str())?;
         }
+        limiter.check(Action::Message, user)?;
         create.invite.iter().try_for_each(|invitee| limiter.check(Action::InviteUser, invitee.as_str()))
     } else if body.is::<presence::set_presence::v3::Request>() {
         limiter.check(Action::Presence, user)
