@@ -17,6 +17,7 @@ backend_tests!(
     bodies_over_the_limit_are_too_large,
     invalid_utf8_nul_bytes_and_duplicate_keys,
     long_event_types_and_state_keys_are_too_large,
+    pagination_and_sync_tokens_at_the_ends_of_i64,
 );
 
 /// The body limit the tests start the server with.
@@ -357,5 +358,42 @@ async fn long_event_types_and_state_keys_are_too_large(backend: Backend) {
         .put(&room_path(&room, &format!("/send/{}/ok", enc(&kind))), Some(&alice.token), json!({}))
         .await;
     assert_eq!(status, 200, "{body}");
+    still_answers(&server, &alice).await;
+}
+
+/// Tokens are positions: the largest ones parse and read nothing past the
+/// line's end; what does not parse is `M_INVALID_PARAM`.
+async fn pagination_and_sync_tokens_at_the_ends_of_i64(backend: Backend) {
+    let server = start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let room = create_room(&server, &alice).await;
+    let (status, body) =
+        server.put(&room_path(&room, "/send/m.room.message/t1"), Some(&alice.token), text("one")).await;
+    assert_eq!(status, 200, "{body}");
+    let first = event_id_of(&body);
+    let max = i64::MAX;
+    for (query, expected) in [
+        (format!("dir=f&from=t{max}"), 0),
+        (format!("dir=b&from=t{max}"), 7),
+        (format!("dir=b&to=t{max}"), 0),
+        (format!("dir=f&from=t0&to=t{max}"), 7),
+        (format!("dir=b&from=s{max}_0"), 7),
+    ] {
+        let (status, page) =
+            server.get(&room_path(&room, &format!("/messages?limit=100&{query}")), Some(&alice.token)).await;
+        assert_eq!(status, 200, "{query}: {page}");
+        let chunk = page["chunk"].as_array().expect("chunk");
+        assert_eq!(chunk.len(), expected, "{query}: {page}");
+        if expected > 0 {
+            assert!(chunk.iter().any(|e| e["event_id"] == first.as_str()), "{query}");
+        }
+    }
+    for query in ["dir=f&from=t-1", "dir=f&from=t9223372036854775808", "dir=b&from=x", "dir=b&to=s1"] {
+        let response = server.get(&room_path(&room, &format!("/messages?{query}")), Some(&alice.token)).await;
+        assert_error(&response, 400, "M_INVALID_PARAM", query);
+    }
+    let response =
+        server.get(&format!("{V3}/sync?since=s{max}_{}&timeout=0", u64::MAX), Some(&alice.token)).await;
+    assert_eq!(response.0, 200, "{}", response.1);
     still_answers(&server, &alice).await;
 }
