@@ -16,3 +16,6 @@ pub mod state;
 pub mod storage;
 pub mod streams;
 pub mod sync;
+
+#[cfg(test)]
+mod proptests;

@@ -67,7 +67,13 @@ impl IntoResponse for Error {
             }
             _ => json!({ "errcode": errcode, "error": self.to_string() }),
         };
+        let too_large = matches!(self, Self::TooLarge(_));
         let mut response = (status, axum::Json(body)).into_response();
+        // The rest of an oversized body is never read: the connection cannot
+        // carry another request, so say so rather than let a client reuse it.
+        if too_large {
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Self::LimitExceeded { retry_after_ms } = self {
             let secs = retry_after_ms.div_ceil(1000).to_string();
             if let Ok(v) = HeaderValue::from_str(&secs) {

@@ -164,32 +164,8 @@ where
             return Err(too_large(limit));
         }
         let bytes = read_body(state, body, limit, || too_large(limit)).await?;
-        // serde skips ignored strings without checking their UTF-8, so check it first.
-        if !bytes.is_empty()
-            && (std::str::from_utf8(&bytes).is_err()
-                || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err())
-        {
-            return Err(Error::NotJson("The request body is not valid JSON".into()));
-        }
-
         let query = parts.uri.query().unwrap_or("").to_owned();
-        // An empty body means no parameters (clients send none for e.g. POST /join).
-        let bytes = if bytes.is_empty() && matches!(parts.method, http::Method::POST | http::Method::PUT) {
-            axum::body::Bytes::from_static(b"{}")
-        } else {
-            bytes
-        };
-        let bytes = if matches!(parts.method, http::Method::POST | http::Method::DELETE) {
-            without_empty_auth(bytes)
-        } else {
-            bytes
-        };
-        let mut args: Vec<&str> = path_args.iter().map(String::as_str).collect();
-        if empty_state_key {
-            args.push("");
-        }
-        let request = http::Request::from_parts(parts, &bytes[..]);
-        let body = T::try_from_http_request(request, &args).map_err(map_parse_error)?;
+        let body = parse_request::<T>(parts, &bytes, &path_args, empty_state_key)?;
         if let Some(requester) = &requester {
             limit_per_user(state, requester, &body)?;
         }
@@ -201,23 +177,24 @@ where
 /// (what some clients, matrix-nio's token registration among them, send
 /// first) asks for nothing yet. It is dropped, so the endpoint answers 401
 /// with its flows and a new session, as if `auth` were absent.
-fn without_empty_auth(bytes: axum::body::Bytes) -> axum::body::Bytes {
+fn without_empty_auth(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
     const KEY: &[u8] = b"\"auth\"";
     if !bytes.windows(KEY.len()).any(|w| w == KEY) {
-        return bytes;
+        return Cow::Borrowed(bytes);
     }
-    let Ok(mut body) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) else {
-        return bytes;
+    let Ok(mut body) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes) else {
+        return Cow::Borrowed(bytes);
     };
     let empty = body
         .get("auth")
         .and_then(serde_json::Value::as_object)
         .is_some_and(|auth| !auth.contains_key("type") && !auth.contains_key("session"));
     if !empty {
-        return bytes;
+        return Cow::Borrowed(bytes);
     }
     body.remove("auth");
-    serde_json::to_vec(&body).map_or(bytes, axum::body::Bytes::from)
+    serde_json::to_vec(&body).map_or(Cow::Borrowed(bytes), Cow::Owned)
 }
 
 /// The per-user and per-room limits, all in one place, by the endpoint's
@@ -273,6 +250,141 @@ fn limit_per_user(state: &AppState, requester: &Requester, body: &dyn Any) -> Re
     } else if body.is::<presence::set_presence::v3::Request>() {
         limiter.check(Action::Presence, user)
     } else {
+        Ok(())
+    }
+}
+
+/// Parses endpoint `T`'s request from its head, its whole body and its path
+/// arguments: the body must be JSON ([`check_json`]), an empty POST or PUT
+/// body means `{}`, and no path argument may hold a NUL. Every error is a
+/// Matrix error; nothing here panics on any input (the fuzz targets and the
+/// property tests drive it).
+pub fn parse_request<T: IncomingRequest>(
+    parts: http::request::Parts,
+    bytes: &[u8],
+    path_args: &[String],
+    empty_state_key: bool,
+) -> Result<T> {
+    if !bytes.is_empty() {
+        check_json(bytes)?;
+    }
+    if path_args.iter().any(|a| a.contains('\0')) {
+        return Err(Error::InvalidParam("Path parameters must not contain NUL characters".into()));
+    }
+    // An empty body means no parameters (clients send none for e.g. POST /join).
+    let bytes: std::borrow::Cow<'_, [u8]> =
+        if bytes.is_empty() && matches!(parts.method, http::Method::POST | http::Method::PUT) {
+            std::borrow::Cow::Borrowed(b"{}")
+        } else if matches!(parts.method, http::Method::POST | http::Method::DELETE) {
+            without_empty_auth(bytes)
+        } else {
+            std::borrow::Cow::Borrowed(bytes)
+        };
+    let mut args: Vec<&str> = path_args.iter().map(String::as_str).collect();
+    if empty_state_key {
+        args.push("");
+    }
+    let request = http::Request::from_parts(parts, &bytes[..]);
+    T::try_from_http_request(request, &args).map_err(map_parse_error)
+}
+
+/// How deeply a request body may nest arrays and objects. Below serde_json's
+/// own limit (128), so that an event's content, wrapped in a PDU and in a
+/// `/sync` response, still parses for clients and servers that use it.
+pub const MAX_BODY_DEPTH: usize = 100;
+
+/// Whether `bytes` is one JSON value the server takes: UTF-8 JSON text
+/// (else `M_NOT_JSON`), with no object holding a key twice, nothing nested
+/// deeper than [`MAX_BODY_DEPTH`] and no number beyond a double (else
+/// `M_BAD_JSON`: valid JSON, refused). Duplicate keys are refused because
+/// parsers disagree on them (first wins, last wins, or an error).
+pub fn check_json(bytes: &[u8]) -> Result<()> {
+    use serde::de::DeserializeSeed as _;
+    let not_json =
+        |e: &dyn std::fmt::Display| Error::NotJson(format!("The request body is not valid JSON: {e}"));
+    // serde_json checks the UTF-8 of the strings it reads, but not of
+    // whitespace errors it reports; checking the whole text first is simplest.
+    std::str::from_utf8(bytes).map_err(|e| not_json(&e))?;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let checked = JsonCheck { depth: 0 }.deserialize(&mut de).and_then(|()| de.end());
+    match checked {
+        Ok(()) => Ok(()),
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            Err(Error::BadJson(format!("Invalid request body: {e}")))
+        }
+        // serde_json calls this a syntax error; it is valid JSON that no
+        // canonical JSON number can hold.
+        Err(e) if e.to_string().starts_with("number out of range") => {
+            Err(Error::BadJson(format!("Invalid request body: {e}")))
+        }
+        Err(e) => Err(not_json(&e)),
+    }
+}
+
+/// Walks a JSON value checking depth and key uniqueness, keeping nothing
+/// but the keys of the object being read.
+#[derive(Clone, Copy)]
+struct JsonCheck {
+    depth: usize,
+}
+
+impl JsonCheck {
+    fn deeper<E: serde::de::Error>(self) -> std::result::Result<Self, E> {
+        if self.depth >= MAX_BODY_DEPTH {
+            return Err(E::custom(format!("nested deeper than {MAX_BODY_DEPTH} levels")));
+        }
+        Ok(Self { depth: self.depth + 1 })
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonCheck {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for JsonCheck {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let inner = self.deeper()?;
+        while seq.next_element_seed(inner)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        use serde::de::Error as _;
+        let inner = self.deeper()?;
+        let mut keys = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            map.next_value_seed(inner)?;
+            if keys.contains(&key) {
+                return Err(A::Error::custom(format!("the key {key:?} appears twice in one object")));
+            }
+            keys.insert(key);
+        }
         Ok(())
     }
 }
@@ -350,11 +462,8 @@ impl<T: serde::de::DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         let limit = state.settings.max_request_body_bytes;
         let bytes = read_body(state, req.into_body(), limit, || too_large(limit)).await?;
         let bytes = if bytes.is_empty() { axum::body::Bytes::from_static(b"{}") } else { bytes };
-        let value: serde_json::Value = std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(|text| serde_json::from_str(text).ok())
-            .ok_or_else(|| Error::NotJson("The request body is not valid JSON".into()))?;
-        serde_json::from_value(value)
+        check_json(&bytes)?;
+        serde_json::from_slice(&bytes)
             .map(Self)
             .map_err(|e| Error::BadJson(format!("Invalid request body: {e}")))
     }

@@ -151,6 +151,7 @@ pub struct PageRequest<'a> {
 /// Up to `limit` readable events from `from` in `dir`, stopping at `to`,
 /// reading at most [`MAX_SCAN`] rows: a page cut short by that bound has fewer
 /// events (maybe none) and a `next` to continue from.
+/// `from` and `to` come from client tokens and may be anything `i64` holds.
 pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageRequest<'_>) -> Result<Page> {
     let PageRequest { from, to, dir, limit, filter } = req;
     let room_id = view.room.room_id.as_str();
@@ -159,13 +160,15 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
     let mut scanned: i64 = 0;
     let spans: Vec<(i64, i64)> = match dir {
         Dir::Backward => access.ranges.descending_from(from).filter(|r| to.is_none_or(|t| r.1 > t)).collect(),
-        Dir::Forward => {
-            access.ranges.ascending_from(from + 1).filter(|r| to.is_none_or(|t| r.0 <= t)).collect()
-        }
+        Dir::Forward => access
+            .ranges
+            .ascending_from(from.saturating_add(1))
+            .filter(|r| to.is_none_or(|t| r.0 <= t))
+            .collect(),
     };
     'spans: for (lo, hi) in spans {
         let (lo, hi) = match (dir, to) {
-            (Dir::Backward, Some(t)) => (lo.max(t + 1), hi),
+            (Dir::Backward, Some(t)) => (lo.max(t.saturating_add(1)), hi),
             (Dir::Forward, Some(t)) => (lo, hi.min(t)),
             _ => (lo, hi),
         };

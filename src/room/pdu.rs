@@ -23,6 +23,14 @@ use crate::signing_key::ServerKey;
 /// The largest PDU the spec allows, in bytes of canonical JSON.
 pub const MAX_PDU_BYTES: usize = 65_536;
 
+/// The longest event type and state key the spec allows, in bytes.
+pub const MAX_TYPE_OR_KEY_BYTES: usize = 255;
+
+/// How deeply event content may nest objects and arrays: deep enough for any
+/// real content, shallow enough that the PDU and the client formats around it
+/// stay within what common JSON parsers take (serde_json stops at 128).
+pub const MAX_CONTENT_DEPTH: usize = 100;
+
 /// What a local sender wants to put in a room, before it is a PDU.
 #[derive(Debug, Clone)]
 pub struct Draft {
@@ -230,6 +238,7 @@ pub fn build(
     if rules.event_id_format == EventIdFormatVersion::V1 {
         return Err(Error::Internal("creating events in room versions 1 and 2 is not supported".into()));
     }
+    check_draft(draft)?;
     let ids = |ids: &[OwnedEventId]| {
         CanonicalJsonValue::Array(ids.iter().map(|id| CanonicalJsonValue::String(id.to_string())).collect())
     };
@@ -275,6 +284,45 @@ pub fn build(
     let event_id =
         EventId::parse(format!("${hash}")).map_err(|e| Error::Internal(format!("event id: {e}")))?;
     Pdu::from_text(event_id, text.into())
+}
+
+/// What every new event must be, whichever path it comes by: a type and
+/// state key within the spec's 255 bytes and without NUL characters (which
+/// no identifier holds and PostgreSQL cannot store in text), and content no
+/// deeper than [`MAX_CONTENT_DEPTH`].
+pub fn check_draft(draft: &Draft) -> Result<()> {
+    for (what, value) in [("event type", Some(&draft.kind)), ("state key", draft.state_key.as_ref())] {
+        let Some(value) = value else { continue };
+        if value.len() > MAX_TYPE_OR_KEY_BYTES {
+            return Err(Error::TooLarge(format!("The {what} is longer than {MAX_TYPE_OR_KEY_BYTES} bytes")));
+        }
+        if value.contains('\0') {
+            return Err(Error::InvalidParam(format!("The {what} must not contain NUL characters")));
+        }
+    }
+    if deeper_than(&draft.content, MAX_CONTENT_DEPTH) {
+        return Err(Error::BadJson(format!(
+            "The event content is nested deeper than {MAX_CONTENT_DEPTH} levels"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `object` (at depth 1) holds arrays or objects nested more than
+/// `limit` levels; looks no deeper than `limit + 1`.
+fn deeper_than(object: &CanonicalJsonObject, limit: usize) -> bool {
+    fn value_deeper(value: &CanonicalJsonValue, depth: usize, limit: usize) -> bool {
+        match value {
+            CanonicalJsonValue::Object(o) => {
+                depth > limit || o.values().any(|v| value_deeper(v, depth + 1, limit))
+            }
+            CanonicalJsonValue::Array(a) => {
+                depth > limit || a.iter().any(|v| value_deeper(v, depth + 1, limit))
+            }
+            _ => false,
+        }
+    }
+    limit == 0 || object.values().any(|v| value_deeper(v, 2, limit))
 }
 
 fn too_large() -> Error {

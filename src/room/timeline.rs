@@ -183,6 +183,8 @@ impl RoomWriter {
         draft: &Draft,
         txn: Option<&ClientTxn>,
     ) -> Result<Appended> {
+        // Before anything reads storage with the draft's type and state key.
+        pdu::check_draft(draft)?;
         let prepared = super::joins::prepare(self, state, draft).await?;
         let draft = prepared.as_ref().unwrap_or(draft);
         let sender = draft.sender.as_str();

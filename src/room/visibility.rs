@@ -97,7 +97,7 @@ impl SeqRanges {
         let mut out: Vec<(i64, i64)> = Vec::with_capacity(parts.len());
         for (lo, hi) in parts {
             match out.last_mut() {
-                Some(last) if lo <= last.1 + 1 => last.1 = last.1.max(hi),
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
                 _ => out.push((lo, hi)),
             }
         }
@@ -127,7 +127,7 @@ impl SeqRanges {
 
     /// Total number of readable seqs.
     pub fn len(&self) -> i64 {
-        self.0.iter().map(|(lo, hi)| hi - lo + 1).sum()
+        self.0.iter().fold(0i64, |n, (lo, hi)| n.saturating_add(hi.saturating_sub(*lo).saturating_add(1)))
     }
 
     /// True when nothing is readable.
@@ -221,6 +221,14 @@ mod tests {
     /// `joined` from before the first event (seq 0 is before the line).
     fn joined_only() -> HvLine {
         HvLine { changes: vec![(0, Hv::Joined)] }
+    }
+
+    #[test]
+    fn ranges_at_the_ends_of_i64_merge_without_overflow() {
+        let r = SeqRanges::from_unsorted(vec![(i64::MAX, i64::MAX), (i64::MIN, i64::MAX - 1), (5, 1)]);
+        assert_eq!(r.0, vec![(i64::MIN, i64::MAX)]);
+        assert_eq!(r.len(), i64::MAX);
+        assert!(r.contains(i64::MAX) && r.contains(i64::MIN));
     }
 
     #[test]
