@@ -103,6 +103,9 @@ pub enum Error {
     /// origin's keys): 401 M_UNAUTHORIZED.
     #[error("{0}")]
     Unauthorized(String),
+    /// Another server could not be asked (unreachable, or a bad answer): 502 M_UNKNOWN.
+    #[error("{0}")]
+    RemoteUnavailable(String),
     /// A key or signature does not verify: 400 M_INVALID_SIGNATURE.
     #[error("{0}")]
     InvalidSignature(String),

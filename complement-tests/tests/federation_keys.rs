@@ -18,6 +18,7 @@ backend_tests!(
     key_endpoint_serves_a_self_signed_key,
     notary_fetches_and_countersigns_another_servers_key,
     signed_requests_are_checked,
+    remote_profiles_are_asked_of_their_server,
 );
 
 /// A seqline server with a federation listener.
@@ -290,6 +291,33 @@ async fn signed_requests_are_checked(backend: Backend) {
     let (status, body) = a.send("GET", &uri, Some(good), None).await;
     assert_eq!((status, body["displayname"].as_str()), (200, Some("Alice A")), "{body}");
     assert_eq!(a.server.log().matches("fetched server keys").count(), 1, "{}", a.server.log());
+}
+
+async fn remote_profiles_are_asked_of_their_server(backend: Backend) {
+    let a = FedServer::start(&backend).await;
+    let b = FedServer::start(&backend).await;
+    let alice = a.server.register("alice", "pw").await;
+    let alice_id = format!("@alice:{}", a.name);
+    let path = format!("/_matrix/client/v3/profile/{alice_id}/displayname");
+    let (status, _) = a.server.put(&path, Some(&alice.token), json!({ "displayname": "Alice A" })).await;
+    assert_eq!(status, 200);
+    let bob = b.server.register("bob", "pw").await;
+
+    // Bob's server asks Alice's, signing the request; A fetches B's key to check it.
+    let (status, body) =
+        b.server.get(&format!("/_matrix/client/v3/profile/{alice_id}"), Some(&bob.token)).await;
+    assert_eq!((status, body["displayname"].as_str()), (200, Some("Alice A")), "{body}");
+    let (status, body) = b.server.get(&path, Some(&bob.token)).await;
+    assert_eq!((status, body), (200, json!({ "displayname": "Alice A" })));
+    assert!(a.server.log().contains("fetched server keys"), "{}", a.server.log());
+
+    // Unknown there: 404 as for a local user; a server that does not answer: 502.
+    let nobody = format!("/_matrix/client/v3/profile/@nobody:{}", a.name);
+    let (status, body) = b.server.get(&nobody, Some(&bob.token)).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{body}");
+    let gone = format!("/_matrix/client/v3/profile/@x:127.0.0.1:{}", free_port());
+    let (status, body) = b.server.get(&gone, Some(&bob.token)).await;
+    assert_eq!((status, body["errcode"].as_str()), (502, Some("M_UNKNOWN")), "{body}");
 }
 
 #[tokio::test]

@@ -25,7 +25,10 @@ pub enum FederationError {
     /// Not sent or not answered (refused address, TLS, timeout, size).
     #[error("{0}")]
     Transport(#[from] crate::outbound::OutboundError),
-    /// The server answered with an error status or a body that does not parse.
+    /// The server answered with an error status (and this body).
+    #[error("answered {0}: {1}")]
+    Status(u16, String),
+    /// The server answered with a body that does not parse.
     #[error("{0}")]
     Response(String),
 }
@@ -88,6 +91,10 @@ where
     let response = builder.body(body).send().await.map_err(crate::outbound::OutboundError::from)?;
     let status = response.status();
     let bytes = crate::outbound::read_capped(response, MAX_REPLY_BYTES).await?;
+    if status.as_u16() >= 400 {
+        let text: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
+        return Err(FederationError::Status(status.as_u16(), text));
+    }
     let http_response = http::Response::builder()
         .status(status)
         .body(&bytes[..])
