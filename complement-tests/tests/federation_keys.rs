@@ -191,6 +191,14 @@ async fn key_endpoint_serves_a_self_signed_key(backend: Backend) {
     // And the client listener serves no federation.
     let (status, body) = a.server.get("/_matrix/key/v2/server", None).await;
     assert_eq!((status, body["errcode"].as_str()), (404, Some("M_UNRECOGNIZED")));
+    // Not TLS on the TLS listener: the handshake fails, nothing is served.
+    let plain = reqwest::Client::new().get(format!("http://{}/_matrix/key/v2/server", a.name)).send().await;
+    assert!(plain.is_err() || plain.is_ok_and(|r| !r.status().is_success()));
+
+    // SIGTERM stops both listeners cleanly.
+    let mut a = a;
+    assert_eq!(a.server.stop().await, Some(0), "{}", a.server.log());
+    assert!(tokio::net::TcpStream::connect(&a.name).await.is_err(), "the federation port is closed");
 }
 
 async fn notary_fetches_and_countersigns_another_servers_key(backend: Backend) {
@@ -285,7 +293,12 @@ async fn signed_requests_are_checked(backend: Backend) {
     // An origin whose keys cannot be had.
     let nobody = format!("127.0.0.1:{}", free_port());
     let stranger = x_matrix(&nobody, &a.name, &b_key, "GET", &uri, None);
+    unauthorized(a.send("GET", &uri, Some(stranger.clone()), None).await);
+    // Asked again at once, A does not try that server again.
     unauthorized(a.send("GET", &uri, Some(stranger), None).await);
+    let log = a.server.log();
+    assert_eq!(log.matches(&format!("cannot fetch the keys of {nobody}")).count(), 1, "{log}");
+    assert_eq!(log.matches(&format!("the keys of {nobody} could not be fetched lately")).count(), 1, "{log}");
 
     // Still accepted afterwards, from the cached key.
     let (status, body) = a.send("GET", &uri, Some(good), None).await;

@@ -35,6 +35,41 @@ pub const MAX_REMOTE_VALIDITY_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 /// Servers one notary query may name.
 pub const MAX_NOTARY_SERVERS: usize = 100;
 
+/// How long a server whose keys could not be fetched is not asked again.
+pub const FETCH_BACKOFF_MS: i64 = 60_000;
+
+/// Servers remembered in [`FetchBackoff`] at most.
+const MAX_BACKOFF_ENTRIES: usize = 10_000;
+
+/// Servers whose keys could not be fetched, with when they may be asked
+/// again: requests naming such an origin (anyone can send them) cost no
+/// outbound request until then.
+#[derive(Debug, Default)]
+pub struct FetchBackoff {
+    until: std::sync::Mutex<std::collections::HashMap<OwnedServerName, i64>>,
+}
+
+impl FetchBackoff {
+    fn blocked(&self, server: &ServerName, now: i64) -> bool {
+        let until = self.until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        until.get(server).is_some_and(|&t| t > now)
+    }
+
+    fn failed(&self, server: &ServerName, now: i64) {
+        let mut until = self.until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if until.len() >= MAX_BACKOFF_ENTRIES {
+            until.retain(|_, t| *t > now);
+        }
+        if until.len() < MAX_BACKOFF_ENTRIES {
+            until.insert(server.to_owned(), now + FETCH_BACKOFF_MS);
+        }
+    }
+
+    fn succeeded(&self, server: &ServerName) {
+        self.until.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(server);
+    }
+}
+
 /// Why another server's keys could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -44,6 +79,9 @@ pub enum KeyError {
     /// The answer is not a valid key object for that server.
     #[error("the keys of {0} are invalid: {1}")]
     Invalid(OwnedServerName, String),
+    /// A recent fetch failed; not asked again yet.
+    #[error("the keys of {0} could not be fetched lately; not asking again yet")]
+    BackingOff(OwnedServerName),
     /// Reading or writing the cache failed.
     #[error(transparent)]
     Storage(#[from] Error),
@@ -164,8 +202,23 @@ pub async fn public_keys(state: &AppState, server: &ServerName) -> Result<Public
         .collect())
 }
 
-/// Fetches `server`'s keys from it directly, checks and caches them.
+/// Fetches `server`'s keys from it directly, checks and caches them; a
+/// server whose last fetch failed under a minute ago is not asked.
 pub async fn fetch(state: &AppState, server: &ServerName) -> Result<(), KeyError> {
+    let now = storage::now_ms();
+    if state.key_fetch_backoff.blocked(server, now) {
+        return Err(KeyError::BackingOff(server.to_owned()));
+    }
+    let fetched = fetch_now(state, server).await;
+    match &fetched {
+        Ok(()) => state.key_fetch_backoff.succeeded(server),
+        Err(KeyError::Fetch(..) | KeyError::Invalid(..)) => state.key_fetch_backoff.failed(server, now),
+        Err(_) => {}
+    }
+    fetched
+}
+
+async fn fetch_now(state: &AppState, server: &ServerName) -> Result<(), KeyError> {
     let response = super::send(state, server, get_server_keys::v2::Request::new())
         .await
         .map_err(|e| KeyError::Fetch(server.to_owned(), e))?;
