@@ -27,6 +27,14 @@ struct FedServer {
     /// `127.0.0.1:<federation port>`, also the server name.
     name: String,
     https: reqwest::Client,
+    /// The certificate and key (kept for restarts, removed on drop).
+    cert_dir: std::path::PathBuf,
+}
+
+impl Drop for FedServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.cert_dir);
+    }
 }
 
 /// A free port on loopback (bound and released: the server name must carry
@@ -80,13 +88,12 @@ impl FedServer {
             "{}",
             server.log()
         );
-        let _ = std::fs::remove_dir_all(&dir);
         let https = reqwest::Client::builder()
             .tls_danger_accept_invalid_certs(true)
             .timeout(std::time::Duration::from_secs(60))
             .build()
             .unwrap();
-        Self { server, name, https }
+        Self { server, name, https, cert_dir: dir }
     }
 
     /// The server's signing key from its key file: (key id, key).
@@ -304,6 +311,26 @@ async fn signed_requests_are_checked(backend: Backend) {
     let (status, body) = a.send("GET", &uri, Some(good), None).await;
     assert_eq!((status, body["displayname"].as_str()), (200, Some("Alice A")), "{body}");
     assert_eq!(a.server.log().matches("fetched server keys").count(), 1, "{}", a.server.log());
+
+    // B starts over with a new key: A does not know its id, so it fetches B's keys again.
+    let mut b = b;
+    let line = format!("ed25519 a_rotated {}\n", STANDARD_NO_PAD.encode([5u8; 32]));
+    std::fs::write(b.server.data_dir.join("signing.key"), line).unwrap();
+    b.server.restart().await;
+    let new_key = b.signing_key();
+    assert_eq!(new_key.0, "ed25519:a_rotated");
+    let (status, keys) = b.send("GET", "/_matrix/key/v2/server", None, None).await;
+    assert!(status == 200 && keys["verify_keys"]["ed25519:a_rotated"].is_object(), "{keys}");
+    let rotated = x_matrix(&b.name, &a.name, &new_key, "GET", &uri, None);
+    let (status, body) = a.send("GET", &uri, Some(rotated), None).await;
+    assert_eq!((status, body["displayname"].as_str()), (200, Some("Alice A")), "{body}");
+    assert_eq!(a.server.log().matches("fetched server keys").count(), 2, "{}", a.server.log());
+    // A made-up key id right after: refused, without another fetch.
+    let made_up = ("ed25519:a_madeup".to_owned(), SigningKey::from_bytes(&[6u8; 32]));
+    unauthorized(
+        a.send("GET", &uri, Some(x_matrix(&b.name, &a.name, &made_up, "GET", &uri, None)), None).await,
+    );
+    assert_eq!(a.server.log().matches("fetched server keys").count(), 2, "{}", a.server.log());
 }
 
 async fn remote_profiles_are_asked_of_their_server(backend: Backend) {

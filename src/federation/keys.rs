@@ -47,6 +47,9 @@ const MAX_BACKOFF_ENTRIES: usize = 10_000;
 #[derive(Debug, Default)]
 pub struct FetchBackoff {
     until: std::sync::Mutex<std::collections::HashMap<OwnedServerName, i64>>,
+    /// Servers refetched for a key id the cache did not know, until when
+    /// another such refetch waits.
+    refetched: std::sync::Mutex<std::collections::HashMap<OwnedServerName, i64>>,
 }
 
 impl FetchBackoff {
@@ -63,6 +66,23 @@ impl FetchBackoff {
         if until.len() < MAX_BACKOFF_ENTRIES {
             until.insert(server.to_owned(), now + FETCH_BACKOFF_MS);
         }
+    }
+
+    /// Whether a refetch for an unknown key id may go out now (then none
+    /// other for this server within [`FETCH_BACKOFF_MS`]).
+    fn may_refetch(&self, server: &ServerName, now: i64) -> bool {
+        let mut refetched = self.refetched.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if refetched.get(server).is_some_and(|&t| t > now) {
+            return false;
+        }
+        if refetched.len() >= MAX_BACKOFF_ENTRIES {
+            refetched.retain(|_, t| *t > now);
+        }
+        if refetched.len() >= MAX_BACKOFF_ENTRIES {
+            return false;
+        }
+        refetched.insert(server.to_owned(), now + FETCH_BACKOFF_MS);
+        true
     }
 
     fn succeeded(&self, server: &ServerName) {
@@ -177,9 +197,16 @@ pub fn check_key_object(server: &ServerName, object: &CanonicalJsonObject) -> Re
     Ok(CheckedKeys { verify_keys, old_verify_keys, valid_until_ts })
 }
 
-/// The keys of `server` usable to verify a request made now: ours directly;
-/// another server's from the cache while valid, else fetched from it.
-pub async fn public_keys(state: &AppState, server: &ServerName) -> Result<PublicKeySet, KeyError> {
+/// The keys of `server` usable to verify a request made now, among them
+/// `wanted` if the server has it: ours directly; another server's from the
+/// cache while valid, else fetched from it. A key id the cache does not know
+/// (the server may have a new key) makes a fetch too, at most one a minute
+/// per server.
+pub async fn public_keys(
+    state: &AppState,
+    server: &ServerName,
+    wanted: &str,
+) -> Result<PublicKeySet, KeyError> {
     if server == state.settings.server_name {
         return Ok(BTreeMap::from([(
             state.signing_key.key_id(),
@@ -187,14 +214,21 @@ pub async fn public_keys(state: &AppState, server: &ServerName) -> Result<Public
         )]));
     }
     let now = storage::now_ms();
+    let usable = |k: &server_keys::StoredKey| k.expired_ts.is_none() && k.valid_until_ts >= now;
     let mut stored = server_keys::get(&state.db, server.as_str()).await?;
-    if !stored.iter().any(|k| k.expired_ts.is_none() && k.valid_until_ts >= now) {
-        fetch(state, server).await?;
-        stored = server_keys::get(&state.db, server.as_str()).await?;
+    let valid = stored.iter().any(usable);
+    let known = stored.iter().any(|k| usable(k) && k.key_id == wanted);
+    if !valid || (!known && state.key_fetch_backoff.may_refetch(server, now)) {
+        match fetch(state, server).await {
+            Ok(()) => stored = server_keys::get(&state.db, server.as_str()).await?,
+            // Keep using the cached keys that are still valid.
+            Err(KeyError::Fetch(..) | KeyError::Invalid(..) | KeyError::BackingOff(..)) if valid => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(stored
         .into_iter()
-        .filter(|k| k.expired_ts.is_none() && k.valid_until_ts >= now)
+        .filter(usable)
         .filter_map(|k| {
             let bytes = STANDARD_NO_PAD.decode(&k.public_key).ok()?;
             Some((k.key_id, Base64::new(bytes)))

@@ -111,7 +111,7 @@ async fn authenticate(
 ) -> Result<OwnedServerName> {
     let ours = &state.settings.server_name;
     let xmatrix = parse_header(&parts.headers, ours)?;
-    let keys = keys::public_keys(state, &xmatrix.origin).await.map_err(|e| {
+    let keys = keys::public_keys(state, &xmatrix.origin, xmatrix.key.as_str()).await.map_err(|e| {
         tracing::info!(origin = %xmatrix.origin, "request not authenticated: {e}");
         Error::Unauthorized(format!("Cannot get the signing keys of {}", xmatrix.origin))
     })?;
