@@ -40,28 +40,31 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         .map_err(|e| Error::Internal(format!("listen.client {addr}: cannot listen: {e}")))?;
     let local = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     settings.public_baseurl.get_or_insert_with(|| format!("http://{local}/"));
-    let state = open(settings).await?;
-    tracing::info!(
-        server_name = %state.settings.server_name,
-        key_id = %state.signing_key.key_id(),
-        "seqline is listening on http://{local}"
-    );
-    let federation = match state.settings.federation.clone() {
+    // Bound before the client listener is announced: once that line is out, both accept.
+    let federation = match settings.federation.clone() {
         Some(fed) => {
             let listener = TcpListener::bind(fed.addr).await.map_err(|e| {
                 Error::Internal(format!("listen.federation {}: cannot listen: {e}", fed.addr))
             })?;
             let local = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
-            tracing::info!("federation listening on https://{local}");
-            Some((listener, tokio_rustls::TlsAcceptor::from(fed.tls)))
+            Some((listener, local, tokio_rustls::TlsAcceptor::from(fed.tls)))
         }
         None => None,
     };
+    let state = open(settings).await?;
+    if let Some((_, local, _)) = &federation {
+        tracing::info!("federation listening on https://{local}");
+    }
+    tracing::info!(
+        server_name = %state.settings.server_name,
+        key_id = %state.signing_key.key_id(),
+        "seqline is listening on http://{local}"
+    );
     let sweeper = tokio::spawn(expire_typing_every_second(state.clone()));
     let app = crate::api::router(state.clone());
     let timeout = state.settings.header_read_timeout;
     match federation {
-        Some((fed_listener, acceptor)) => {
+        Some((fed_listener, _, acceptor)) => {
             let fed_app = crate::api::federation::router(state.clone());
             tokio::join!(
                 serve(listener, app, timeout, None),
