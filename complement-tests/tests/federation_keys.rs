@@ -253,6 +253,23 @@ async fn notary_fetches_and_countersigns_another_servers_key(backend: Backend) {
     let query = json!({ "server_keys": { gone: {} } });
     let (status, body) = a.send("POST", "/_matrix/key/v2/query", None, Some(&query)).await;
     assert_eq!((status, body["server_keys"].clone()), (200, json!([])), "{body}");
+    // Several servers at once: each answered, the unreachable one left out.
+    let gone = format!("127.0.0.1:{}", free_port());
+    let query = json!({ "server_keys": { b.name.clone(): {}, gone: {}, a.name.clone(): {} } });
+    let (status, body) = a.send("POST", "/_matrix/key/v2/query", None, Some(&query)).await;
+    assert_eq!(status, 200, "{body}");
+    let mut names: Vec<&str> =
+        body["server_keys"].as_array().unwrap().iter().map(|k| k["server_name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    let mut expected = vec![a.name.as_str(), b.name.as_str()];
+    expected.sort_unstable();
+    assert_eq!(names, expected, "{body}");
+    // At most 100 servers a query.
+    let many: serde_json::Map<String, Value> =
+        (0..101).map(|i| (format!("s{i}.invalid"), json!({}))).collect();
+    let (status, body) =
+        a.send("POST", "/_matrix/key/v2/query", None, Some(&json!({ "server_keys": many }))).await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_INVALID_PARAM")), "{body}");
     // Bad input changes nothing and says why.
     let (status, body) =
         a.send("POST", "/_matrix/key/v2/query", None, Some(&json!({ "server_keys": 5 }))).await;

@@ -35,6 +35,9 @@ pub const MAX_REMOTE_VALIDITY_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 /// Servers one notary query may name.
 pub const MAX_NOTARY_SERVERS: usize = 100;
 
+/// Key fetches one notary query makes at once.
+const NOTARY_PARALLEL_FETCHES: usize = 8;
+
 /// How long a server whose keys could not be fetched is not asked again.
 pub const FETCH_BACKOFF_MS: i64 = 60_000;
 
@@ -290,27 +293,44 @@ pub async fn notary_query(
         )));
     }
     let now = storage::now_ms();
-    let mut answer = Vec::new();
+    // Which servers the cache cannot answer for: fetched first, a few at a time.
+    let mut missing = Vec::new();
     for (server, criteria) in query {
+        if *server == state.settings.server_name {
+            continue;
+        }
         let minimum = criteria
             .values()
             .filter_map(|c| c.minimum_valid_until_ts)
             .map(|ts| i64::try_from(u64::from(ts.0)).unwrap_or(i64::MAX))
             .max()
             .unwrap_or(now);
-        let objects = if *server == state.settings.server_name {
-            vec![own_key_object(state)?]
+        let stored = server_keys::get(&state.db, server.as_str()).await?;
+        if !stored.iter().any(|k| k.expired_ts.is_none() && k.valid_until_ts >= minimum) {
+            missing.push(server.clone());
+        }
+    }
+    let mut fetches = tokio::task::JoinSet::new();
+    for server in missing {
+        if fetches.len() >= NOTARY_PARALLEL_FETCHES
+            && let Some(done) = fetches.join_next().await
+        {
+            notary_fetched(done)?;
+        }
+        let state = state.clone();
+        fetches.spawn(async move { fetch(&state, &server).await });
+    }
+    while let Some(done) = fetches.join_next().await {
+        notary_fetched(done)?;
+    }
+
+    let mut answer = Vec::new();
+    for server in query.keys() {
+        let mut objects: Vec<CanonicalJsonObject> = Vec::new();
+        if *server == state.settings.server_name {
+            objects.push(own_key_object(state)?);
         } else {
-            let mut stored = server_keys::get(&state.db, server.as_str()).await?;
-            if !stored.iter().any(|k| k.expired_ts.is_none() && k.valid_until_ts >= minimum) {
-                match fetch(state, server).await {
-                    Ok(()) => stored = server_keys::get(&state.db, server.as_str()).await?,
-                    Err(KeyError::Storage(e)) => return Err(e),
-                    Err(e) => tracing::info!("notary query: {e}"),
-                }
-            }
-            let mut objects: Vec<CanonicalJsonObject> = Vec::new();
-            for key in stored {
+            for key in server_keys::get(&state.db, server.as_str()).await? {
                 let Ok(mut object) = serde_json::from_str::<CanonicalJsonObject>(&key.json) else { continue };
                 // The object as its origin signed it, without earlier notary signatures.
                 if let Some(CanonicalJsonValue::Object(signatures)) = object.get_mut("signatures") {
@@ -323,14 +343,27 @@ pub async fn notary_query(
             for object in &mut objects {
                 sign(state, object)?;
             }
-            objects
-        };
+        }
         for object in objects {
             let raw = serde_json::value::to_raw_value(&object).map_err(|e| Error::Internal(e.to_string()))?;
             answer.push(Raw::from_json(raw));
         }
     }
     Ok(answer)
+}
+
+/// One notary fetch finished: a server that could not be asked is left to
+/// the cache (or out); a storage failure fails the query.
+fn notary_fetched(done: Result<Result<(), KeyError>, tokio::task::JoinError>) -> Result<()> {
+    match done {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(KeyError::Storage(e))) => Err(e),
+        Ok(Err(e)) => {
+            tracing::info!("notary query: {e}");
+            Ok(())
+        }
+        Err(e) => Err(Error::Internal(format!("key fetch task: {e}"))),
+    }
 }
 
 #[cfg(test)]
