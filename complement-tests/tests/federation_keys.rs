@@ -19,6 +19,7 @@ backend_tests!(
     notary_fetches_and_countersigns_another_servers_key,
     signed_requests_are_checked,
     remote_profiles_are_asked_of_their_server,
+    remote_aliases_are_asked_of_their_server,
 );
 
 /// A seqline server with a federation listener.
@@ -375,6 +376,46 @@ async fn remote_profiles_are_asked_of_their_server(backend: Backend) {
     let gone = format!("/_matrix/client/v3/profile/@x:127.0.0.1:{}", free_port());
     let (status, body) = b.server.get(&gone, Some(&bob.token)).await;
     assert_eq!((status, body["errcode"].as_str()), (502, Some("M_UNKNOWN")), "{body}");
+}
+
+async fn remote_aliases_are_asked_of_their_server(backend: Backend) {
+    let a = FedServer::start(&backend).await;
+    let b = FedServer::start(&backend).await;
+    let alice = a.server.register("alice", "pw").await;
+    let (status, room) = a
+        .server
+        .post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({ "room_alias_name": "lobby" }))
+        .await;
+    assert_eq!(status, 200, "{room}");
+    let room_id = room["room_id"].as_str().unwrap();
+    let bob = b.server.register("bob", "pw").await;
+
+    let alias = format!("%23lobby:{}", a.name);
+    let (status, body) =
+        b.server.get(&format!("/_matrix/client/v3/directory/room/{alias}"), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "room_id": room_id, "servers": [a.name.clone()] }));
+    let (status, body) = b
+        .server
+        .get(&format!("/_matrix/client/v3/directory/room/%23nothing:{}", a.name), Some(&bob.token))
+        .await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{body}");
+
+    // Over federation, A answers only for its own aliases, and only signed requests.
+    let b_key = b.signing_key();
+    let uri = format!(
+        "/_matrix/federation/v1/query/directory?room_alias=%23lobby%3A{}",
+        b.name.replace(':', "%3A")
+    );
+    let (status, body) =
+        a.send("GET", &uri, Some(x_matrix(&b.name, &a.name, &b_key, "GET", &uri, None)), None).await;
+    assert_eq!((status, body["errcode"].as_str()), (400, Some("M_INVALID_PARAM")), "{body}");
+    let uri = format!(
+        "/_matrix/federation/v1/query/directory?room_alias=%23lobby%3A{}",
+        a.name.replace(':', "%3A")
+    );
+    let (status, body) = a.send("GET", &uri, None, None).await;
+    assert_eq!((status, body["errcode"].as_str()), (401, Some("M_UNAUTHORIZED")), "{body}");
 }
 
 #[tokio::test]

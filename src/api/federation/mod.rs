@@ -14,7 +14,7 @@ use ruma::api::federation::authentication::{ServerSignatures, XMatrix, XMatrixEx
 use ruma::api::federation::discovery::{
     get_remote_server_keys, get_remote_server_keys_batch, get_server_keys, get_server_version,
 };
-use ruma::api::federation::query::get_profile_information;
+use ruma::api::federation::query::{get_profile_information, get_room_information};
 use ruma::api::path_builder::PathBuilder;
 use ruma::api::{IncomingRequest, IncomingRequestExt, Metadata};
 use ruma::{OwnedServerName, ServerName, UserId};
@@ -164,6 +164,7 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, notary_query_one);
     let router = route(router, version);
     let router = route(router, query_profile);
+    let router = route(router, query_directory);
     router
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
@@ -241,6 +242,18 @@ async fn version(
     let mut response = get_server_version::v1::Response::new();
     response.server = Some(server);
     Ok(response)
+}
+
+async fn query_directory(
+    state: AppState,
+    req: Federation<get_room_information::v1::Request>,
+) -> Result<get_room_information::v1::Response> {
+    let alias = &req.body.room_alias;
+    if alias.server_name() != state.settings.server_name {
+        return Err(Error::InvalidParam(format!("{alias} is not an alias of this server")));
+    }
+    let (room_id, servers) = crate::room::directory::resolve(&state, alias).await?;
+    Ok(get_room_information::v1::Response::new(room_id, servers))
 }
 
 async fn query_profile(
