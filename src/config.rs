@@ -108,6 +108,36 @@ pub struct Config {
     pub media: MediaConfig,
     /// Requests seqline makes to other hosts.
     pub outbound: OutboundConfig,
+    /// Federation with other servers.
+    pub federation: FederationConfig,
+    /// The federation listener's certificate.
+    pub tls: TlsConfig,
+}
+
+/// Federation settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FederationConfig {
+    /// Whether the federation listener serves (when `listen.federation` is set).
+    pub enabled: bool,
+    /// Whether outbound federation requests check the peer's certificate.
+    pub verify_tls: bool,
+}
+
+impl Default for FederationConfig {
+    fn default() -> Self {
+        Self { enabled: true, verify_tls: true }
+    }
+}
+
+/// The federation listener's certificate chain and key (PEM files).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain, leaf first.
+    pub cert_path: String,
+    /// Private key of the leaf certificate.
+    pub key_path: String,
 }
 
 /// Media limits.
@@ -211,6 +241,8 @@ impl History {
 pub struct Listen {
     /// Client-server API, `address:port`.
     pub client: String,
+    /// Federation (TLS), `address:port`; empty: none.
+    pub federation: String,
 }
 
 /// Registration settings.
@@ -324,13 +356,15 @@ impl Default for Config {
             voip: Voip::default(),
             media: MediaConfig::default(),
             outbound: OutboundConfig::default(),
+            federation: FederationConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
 
 impl Default for Listen {
     fn default() -> Self {
-        Self { client: "127.0.0.1:8008".into() }
+        Self { client: "127.0.0.1:8008".into(), federation: String::new() }
     }
 }
 
@@ -425,6 +459,20 @@ pub struct Settings {
     pub media: MediaConfig,
     /// Ranges outbound requests may reach despite the default refusals.
     pub outbound_ip_allow: Vec<ipnet::IpNet>,
+    /// The federation listener, when federation is on.
+    pub federation: Option<FederationListener>,
+    /// Whether outbound federation requests check the peer's certificate.
+    pub federation_verify_tls: bool,
+}
+
+/// The federation listener: its address and TLS configuration (certificate
+/// and key read and checked at start-up).
+#[derive(Debug, Clone)]
+pub struct FederationListener {
+    /// `listen.federation`.
+    pub addr: SocketAddr,
+    /// rustls server configuration with the certificate chain and key.
+    pub tls: std::sync::Arc<rustls::ServerConfig>,
 }
 
 impl Config {
@@ -522,6 +570,29 @@ impl Config {
         if let Some(v) = env("SEQLINE_OUTBOUND_IP_ALLOW") {
             self.outbound.ip_allow =
                 v.split(',').map(str::trim).filter(|r| !r.is_empty()).map(String::from).collect();
+        }
+        if let Some(v) = env("SEQLINE_LISTEN_FEDERATION") {
+            self.listen.federation = v;
+        }
+        for (name, field) in [
+            ("SEQLINE_FEDERATION", &mut self.federation.enabled),
+            ("SEQLINE_FEDERATION_VERIFY_TLS", &mut self.federation.verify_tls),
+        ] {
+            if let Some(v) = env(name) {
+                *field = match v.as_str() {
+                    "on" | "true" => true,
+                    "off" | "false" => false,
+                    _ => {
+                        return Err(ConfigError(format!("{name}: {v:?} is not one of on, off, true, false")));
+                    }
+                };
+            }
+        }
+        if let Some(v) = env("SEQLINE_TLS_CERT") {
+            self.tls.cert_path = v;
+        }
+        if let Some(v) = env("SEQLINE_TLS_KEY") {
+            self.tls.key_path = v;
         }
         if let Some(v) = env("SEQLINE_TURN_SHARED_SECRET") {
             self.voip.turn_shared_secret = v;
@@ -671,6 +742,7 @@ impl Config {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let federation = self.federation_listener()?;
         let public_baseurl = if self.public_baseurl.is_empty() {
             None
         } else if self.public_baseurl.starts_with("http://") || self.public_baseurl.starts_with("https://") {
@@ -707,7 +779,46 @@ impl Config {
             voip: self.voip,
             media: self.media,
             outbound_ip_allow,
+            federation,
+            federation_verify_tls: self.federation.verify_tls,
         })
+    }
+
+    /// The federation listener: none when `listen.federation` is empty or
+    /// federation is off; else its address and the certificate and key,
+    /// read and checked now.
+    fn federation_listener(&self) -> Result<Option<FederationListener>, ConfigError> {
+        if self.listen.federation.is_empty() || !self.federation.enabled {
+            return Ok(None);
+        }
+        let addr: SocketAddr = self.listen.federation.parse().map_err(|_| {
+            ConfigError(format!(
+                "listen.federation: {:?} is not an address:port such as 0.0.0.0:8448",
+                self.listen.federation
+            ))
+        })?;
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (cert_path, key_path) = (&self.tls.cert_path, &self.tls.key_path);
+        if cert_path.is_empty() || key_path.is_empty() {
+            return Err(ConfigError(
+                "tls.cert_path, tls.key_path: listen.federation needs a certificate and a key".into(),
+            ));
+        }
+        let chain = CertificateDer::pem_file_iter(cert_path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| ConfigError(format!("tls.cert_path: {cert_path}: {e}")))?;
+        if chain.is_empty() {
+            return Err(ConfigError(format!("tls.cert_path: {cert_path}: no certificate in the file")));
+        }
+        let key = PrivateKeyDer::from_pem_file(key_path)
+            .map_err(|e| ConfigError(format!("tls.key_path: {key_path}: {e}")))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+            .map_err(|e| ConfigError(format!("tls.cert_path, tls.key_path: {e}")))?;
+        Ok(Some(FederationListener { addr, tls: std::sync::Arc::new(tls) }))
     }
 }
 
@@ -767,6 +878,47 @@ mod tests {
         let s = Config::load(None, env).unwrap().validate().unwrap();
         let ips: Vec<String> = s.outbound_ip_allow.iter().map(|n| n.to_string()).collect();
         assert_eq!(ips, ["127.0.0.0/8", "::1/128", "10.0.0.7/32"]);
+    }
+
+    #[test]
+    fn federation_needs_a_readable_certificate_and_key() {
+        let with = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        };
+        // No listener: no federation, whatever else is set.
+        let s =
+            Config::load(None, with(&[("SEQLINE_TLS_CERT", "/nonexistent")])).unwrap().validate().unwrap();
+        assert!(s.federation.is_none() && s.federation_verify_tls);
+        // A listener without a certificate, or with files that are not there or hold none.
+        let err = Config::load(None, with(&[("SEQLINE_LISTEN_FEDERATION", "127.0.0.1:8448")]))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.0.starts_with("tls.cert_path, tls.key_path"), "{err}");
+        let missing = &[
+            ("SEQLINE_LISTEN_FEDERATION", "127.0.0.1:8448"),
+            ("SEQLINE_TLS_CERT", "/nonexistent/cert.pem"),
+            ("SEQLINE_TLS_KEY", "/nonexistent/key.pem"),
+        ];
+        let err = Config::load(None, with(missing)).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("tls.cert_path: /nonexistent/cert.pem") && !err.0.contains('\n'), "{err}");
+        let not_pem = &[
+            ("SEQLINE_LISTEN_FEDERATION", "127.0.0.1:8448"),
+            ("SEQLINE_TLS_CERT", "Cargo.toml"),
+            ("SEQLINE_TLS_KEY", "Cargo.toml"),
+        ];
+        let err = Config::load(None, with(not_pem)).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("tls.cert_path: Cargo.toml: no certificate"), "{err}");
+        let bad_addr = &[("SEQLINE_LISTEN_FEDERATION", "8448")];
+        let err = Config::load(None, with(bad_addr)).unwrap().validate().unwrap_err();
+        assert!(err.0.starts_with("listen.federation"), "{err}");
+        // Off: the listener is not opened, so its files are not read.
+        let off = &[("SEQLINE_LISTEN_FEDERATION", "127.0.0.1:8448"), ("SEQLINE_FEDERATION", "off")];
+        assert!(Config::load(None, with(off)).unwrap().validate().unwrap().federation.is_none());
+        let no_verify = &[("SEQLINE_FEDERATION_VERIFY_TLS", "false")];
+        assert!(!Config::load(None, with(no_verify)).unwrap().validate().unwrap().federation_verify_tls);
+        let err = Config::load(None, with(&[("SEQLINE_FEDERATION", "maybe")])).unwrap_err();
+        assert!(err.0.starts_with("SEQLINE_FEDERATION:"), "{err}");
     }
 
     #[test]

@@ -98,6 +98,14 @@ pub enum Error {
     /// through the account-data API: 405 M_BAD_JSON, as the spec says.
     #[error("{0}")]
     ServerControlled(String),
+    /// A federation request without a valid X-Matrix signature (missing,
+    /// malformed, for another destination, or not verifying with the
+    /// origin's keys): 401 M_UNAUTHORIZED.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Another server could not be asked (unreachable, or a bad answer): 502 M_UNKNOWN.
+    #[error("{0}")]
+    RemoteUnavailable(String),
     /// A key or signature does not verify: 400 M_INVALID_SIGNATURE.
     #[error("{0}")]
     InvalidSignature(String),

@@ -5,6 +5,7 @@ pub mod account;
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod federation;
 pub mod media;
 pub mod notify;
 pub mod outbound;

@@ -152,6 +152,9 @@ impl Resolve for CheckedResolver {
 #[derive(Debug, Clone)]
 pub struct Outbound {
     client: reqwest::Client,
+    /// For other homeservers: the same, except that with
+    /// `federation.verify_tls = false` it accepts any certificate.
+    federation: reqwest::Client,
     policy: Arc<IpPolicy>,
 }
 
@@ -162,16 +165,29 @@ impl Outbound {
         // have installed the same one first, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let policy = Arc::new(IpPolicy::new(allow));
-        let client = reqwest::Client::builder()
+        let client = Self::build(&policy, false)?;
+        let federation = client.clone();
+        Ok(Self { client, federation, policy })
+    }
+
+    /// Makes requests to other homeservers accept any certificate
+    /// (`federation.verify_tls = false`: self-signed peers in tests).
+    pub fn accepting_any_federation_certificate(mut self) -> Result<Self, OutboundError> {
+        self.federation = Self::build(&self.policy, true)?;
+        Ok(self)
+    }
+
+    fn build(policy: &Arc<IpPolicy>, accept_any_certificate: bool) -> Result<reqwest::Client, OutboundError> {
+        reqwest::Client::builder()
             .dns_resolver(CheckedResolver { policy: policy.clone() })
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(30))
             .user_agent(concat!("seqline/", env!("CARGO_PKG_VERSION")))
+            .tls_danger_accept_invalid_certs(accept_any_certificate)
             .build()
-            .map_err(|e| OutboundError::Setup(with_causes(&e)))?;
-        Ok(Self { client, policy })
+            .map_err(|e| OutboundError::Setup(with_causes(&e)))
     }
 
     /// A request to `url` (http or https), refused when the URL names an IP
@@ -181,6 +197,20 @@ impl Outbound {
         method: reqwest::Method,
         url: &str,
     ) -> Result<reqwest::RequestBuilder, OutboundError> {
+        Ok(self.client.request(method, self.checked_url(url)?))
+    }
+
+    /// A request to another homeserver; checked like [`Outbound::request`].
+    pub fn federation_request(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+    ) -> Result<reqwest::RequestBuilder, OutboundError> {
+        Ok(self.federation.request(method, self.checked_url(url)?))
+    }
+
+    /// `url` parsed: http(s) with a host, not an IP address the policy refuses.
+    fn checked_url(&self, url: &str) -> Result<reqwest::Url, OutboundError> {
         let parsed = reqwest::Url::parse(url).map_err(|_| OutboundError::BadUrl(url.to_owned()))?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(OutboundError::BadUrl(url.to_owned()));
@@ -192,7 +222,7 @@ impl Outbound {
         {
             return Err(OutboundError::Refused(host.to_owned()));
         }
-        Ok(self.client.request(method, parsed))
+        Ok(parsed)
     }
 
     /// A POST to `url`; see [`Outbound::request`].

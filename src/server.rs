@@ -21,9 +21,13 @@ pub async fn open(settings: Settings) -> Result<AppState> {
     let db = Db::connect(&settings.database_url, settings.sqlite_synchronous).await?;
     let last_stream = crate::storage::account_data::max_stream(&db).await?;
     let pusher_users = crate::storage::account_data::pusher_users(&db).await?.into_iter().collect();
-    let outbound = crate::outbound::Outbound::new(settings.outbound_ip_allow.clone()).map_err(|e| {
-        Error::Internal(format!("outbound HTTP client: {e} (HTTPS needs the system's CA certificates)"))
-    })?;
+    let outbound = crate::outbound::Outbound::new(settings.outbound_ip_allow.clone())
+        .and_then(|o| {
+            if settings.federation_verify_tls { Ok(o) } else { o.accepting_any_federation_certificate() }
+        })
+        .map_err(|e| {
+            Error::Internal(format!("outbound HTTP client: {e} (HTTPS needs the system's CA certificates)"))
+        })?;
     Ok(AppState::new(settings, db, key, last_stream, pusher_users, outbound))
 }
 
@@ -36,7 +40,21 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         .map_err(|e| Error::Internal(format!("listen.client {addr}: cannot listen: {e}")))?;
     let local = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     settings.public_baseurl.get_or_insert_with(|| format!("http://{local}/"));
+    // Bound before the client listener is announced: once that line is out, both accept.
+    let federation = match settings.federation.clone() {
+        Some(fed) => {
+            let listener = TcpListener::bind(fed.addr).await.map_err(|e| {
+                Error::Internal(format!("listen.federation {}: cannot listen: {e}", fed.addr))
+            })?;
+            let local = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+            Some((listener, local, tokio_rustls::TlsAcceptor::from(fed.tls)))
+        }
+        None => None,
+    };
     let state = open(settings).await?;
+    if let Some((_, local, _)) = &federation {
+        tracing::info!("federation listening on https://{local}");
+    }
     tracing::info!(
         server_name = %state.settings.server_name,
         key_id = %state.signing_key.key_id(),
@@ -44,7 +62,17 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     );
     let sweeper = tokio::spawn(expire_typing_every_second(state.clone()));
     let app = crate::api::router(state.clone());
-    serve(listener, app, state.settings.header_read_timeout).await;
+    let timeout = state.settings.header_read_timeout;
+    match federation {
+        Some((fed_listener, _, acceptor)) => {
+            let fed_app = crate::api::federation::router(state.clone());
+            tokio::join!(
+                serve(listener, app, timeout, None),
+                serve(fed_listener, fed_app, timeout, Some(acceptor))
+            );
+        }
+        None => serve(listener, app, timeout, None).await,
+    }
     sweeper.abort();
     tracing::info!("shutting down: requests finished, closing the database");
     state.db.close().await;
@@ -54,8 +82,15 @@ pub async fn run(mut settings: Settings) -> Result<()> {
 /// Accepts connections and serves each over HTTP/1.1 until a shutdown signal,
 /// then waits for the requests in flight. A client that does not finish
 /// sending a request's headers within `header_read_timeout` (a new
-/// connection's first request included) has its connection closed.
-async fn serve(listener: TcpListener, app: axum::Router, header_read_timeout: std::time::Duration) {
+/// connection's first request included) has its connection closed. With
+/// `tls`, each connection first completes a TLS handshake, within the same
+/// timeout.
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    header_read_timeout: std::time::Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -81,16 +116,34 @@ async fn serve(listener: TcpListener, app: axum::Router, header_read_timeout: st
                 req
             },
         );
-        let connection = http.serve_connection(
-            hyper_util::rt::TokioIo::new(stream),
-            hyper_util::service::TowerToHyperService::new(service),
-        );
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%remote, "connection ended: {e}");
+        let service = hyper_util::service::TowerToHyperService::new(service);
+        match &tls {
+            None => {
+                let connection =
+                    graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(%remote, "connection ended: {e}");
+                    }
+                });
             }
-        });
+            Some(acceptor) => {
+                let (acceptor, http, watcher) = (acceptor.clone(), http.clone(), graceful.watcher());
+                tokio::spawn(async move {
+                    let stream =
+                        match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => return tracing::debug!(%remote, "TLS handshake failed: {e}"),
+                            Err(_) => return tracing::debug!(%remote, "TLS handshake timed out"),
+                        };
+                    let connection =
+                        watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service));
+                    if let Err(e) = connection.await {
+                        tracing::debug!(%remote, "connection ended: {e}");
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     graceful.shutdown().await;

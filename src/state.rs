@@ -55,6 +55,8 @@ pub struct Services {
     pub push_defaults: crate::notify::DefaultRules,
     /// Thumbnails made at once: one per core.
     pub thumbnailing: tokio::sync::Semaphore,
+    /// Servers whose keys could not be fetched lately, not asked again yet.
+    pub key_fetch_backoff: crate::federation::keys::FetchBackoff,
 }
 
 impl AppState {
@@ -89,6 +91,7 @@ impl AppState {
             thumbnailing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             ),
+            key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
         }))
     }
 }

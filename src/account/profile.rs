@@ -34,6 +34,25 @@ pub async fn get(state: &AppState, user: &UserId) -> Result<Map<String, Value>> 
     Ok(out)
 }
 
+/// A user's whole profile: a local user's from the database, another
+/// server's user's asked of that server (when federation is on; else 404).
+pub async fn lookup(state: &AppState, user: &UserId) -> Result<Map<String, Value>> {
+    if user.server_name() == state.settings.server_name || state.settings.federation.is_none() {
+        return get(state, user).await;
+    }
+    let request = ruma::api::federation::query::get_profile_information::v1::Request::new(user.to_owned());
+    match crate::federation::send(state, user.server_name(), request).await {
+        Ok(response) => Ok(response.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        Err(crate::federation::FederationError::Status(404, _)) => {
+            Err(Error::NotFound("Profile not found".into()))
+        }
+        Err(e) => {
+            tracing::info!(%user, "remote profile query failed: {e}");
+            Err(Error::RemoteUnavailable(format!("Cannot get the profile from {}", user.server_name())))
+        }
+    }
+}
+
 /// Sets or clears one field of one's own profile, and for the member fields
 /// sends the change into every joined room.
 pub async fn set(state: &AppState, user: &UserId, field: &str, value: Option<Value>) -> Result<()> {

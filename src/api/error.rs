@@ -36,6 +36,8 @@ impl Error {
             Self::CannotOverwriteMedia => (StatusCode::CONFLICT, "M_CANNOT_OVERWRITE_MEDIA"),
             Self::NotYetUploaded => (StatusCode::GATEWAY_TIMEOUT, "M_NOT_YET_UPLOADED"),
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
+            Self::RemoteUnavailable(_) => (StatusCode::BAD_GATEWAY, "M_UNKNOWN"),
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "M_UNAUTHORIZED"),
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
             Self::ServerControlled(_) => (StatusCode::METHOD_NOT_ALLOWED, "M_BAD_JSON"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),

@@ -110,7 +110,8 @@ fn access_token(parts: &http::request::Parts) -> Result<Option<String>> {
         .map(|(_, v)| v.into_owned()))
 }
 
-fn map_parse_error(e: FromHttpRequestError) -> Error {
+/// A ruma parse failure as a Matrix error.
+pub fn map_parse_error(e: FromHttpRequestError) -> Error {
     match e {
         FromHttpRequestError::MethodMismatch { .. } => Error::MethodNotAllowed,
         FromHttpRequestError::Deserialization(e) => match e {

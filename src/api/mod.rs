@@ -5,6 +5,7 @@
 pub mod client;
 pub mod error;
 pub mod extract;
+pub mod federation;
 pub mod media;
 
 use std::net::{IpAddr, SocketAddr};

@@ -9,6 +9,33 @@ use crate::state::AppState;
 use crate::storage::rooms::{RoomSummary, SummaryField, SummaryValue};
 use crate::storage::{self, aliases, rooms};
 
+/// The room an alias names and servers to join it through: a local alias
+/// from the database (this server), another server's asked of that server
+/// when federation is on (else, as for an unknown alias, 404).
+pub async fn resolve(
+    state: &AppState,
+    alias: &RoomAliasId,
+) -> Result<(ruma::OwnedRoomId, Vec<ruma::OwnedServerName>)> {
+    if alias.server_name() != state.settings.server_name && state.settings.federation.is_some() {
+        let request = ruma::api::federation::query::get_room_information::v1::Request::new(alias.to_owned());
+        return match crate::federation::send(state, alias.server_name(), request).await {
+            Ok(response) => Ok((response.room_id, response.servers)),
+            Err(crate::federation::FederationError::Status(404, _)) => {
+                Err(Error::NotFound(format!("Room alias {alias} not found")))
+            }
+            Err(e) => {
+                tracing::info!(%alias, "remote alias query failed: {e}");
+                Err(Error::RemoteUnavailable(format!("Cannot resolve {alias} at {}", alias.server_name())))
+            }
+        };
+    }
+    let (room_id, _) = aliases::get(&state.db, alias.as_str())
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("Room alias {alias} not found")))?;
+    let room_id = ruma::OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok((room_id, vec![state.settings.server_name.clone()]))
+}
+
 /// Creates a local alias for a room the creator is joined to.
 pub async fn create_alias(
     state: &AppState,

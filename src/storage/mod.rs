@@ -17,6 +17,7 @@ pub mod media;
 pub mod memberships;
 pub mod receipts;
 pub mod rooms;
+pub mod server_keys;
 pub mod uia;
 pub mod users;
 
@@ -152,6 +153,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (13, "media_pending", include_str!("../../migrations/sqlite/0013_media_pending.sql")),
     (14, "pusher_device", include_str!("../../migrations/sqlite/0014_pusher_device.sql")),
     (15, "room_summaries", include_str!("../../migrations/sqlite/0015_room_summaries.sql")),
+    (16, "server_keys", include_str!("../../migrations/sqlite/0016_server_keys.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -170,6 +172,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (13, "media_pending", include_str!("../../migrations/postgres/0013_media_pending.sql")),
     (14, "pusher_device", include_str!("../../migrations/postgres/0014_pusher_device.sql")),
     (15, "room_summaries", include_str!("../../migrations/postgres/0015_room_summaries.sql")),
+    (16, "server_keys", include_str!("../../migrations/postgres/0016_server_keys.sql")),
 ];
 
 impl Db {

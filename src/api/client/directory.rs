@@ -1,12 +1,12 @@
 //! Room aliases and the public room directory.
 
 use axum::Router;
+use ruma::OwnedRoomAliasId;
 use ruma::api::client::alias::{create_alias, delete_alias, get_alias};
 use ruma::api::client::directory::{
     get_public_rooms, get_public_rooms_filtered, get_room_visibility, set_room_visibility,
 };
 use ruma::api::client::room::{Visibility, aliases};
-use ruma::{OwnedRoomAliasId, OwnedRoomId};
 use serde_json::Value;
 
 use crate::api::extract::{Ruma, route, route_json};
@@ -39,12 +39,8 @@ async fn resolve_alias(
     state: AppState,
     req: Ruma<get_alias::v3::Request>,
 ) -> Result<get_alias::v3::Response> {
-    let alias = &req.body.room_alias;
-    let (room_id, _) = storage::aliases::get(&state.db, alias.as_str())
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("Room alias {alias} not found")))?;
-    let room_id = OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(get_alias::v3::Response::new(room_id, vec![state.settings.server_name.clone()]))
+    let (room_id, servers) = directory::resolve(&state, &req.body.room_alias).await?;
+    Ok(get_alias::v3::Response::new(room_id, servers))
 }
 
 async fn remove_alias(

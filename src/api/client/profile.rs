@@ -18,12 +18,12 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
 }
 
 async fn whole(state: AppState, req: Ruma<get_profile::v3::Request>) -> Result<Value> {
-    Ok(Value::Object(profile::get(&state, &req.body.user_id).await?))
+    Ok(Value::Object(profile::lookup(&state, &req.body.user_id).await?))
 }
 
 async fn field(state: AppState, req: Ruma<get_profile_field::v3::Request>) -> Result<Value> {
     let name = req.body.field.to_string();
-    let all = profile::get(&state, &req.body.user_id).await?;
+    let all = profile::lookup(&state, &req.body.user_id).await?;
     let value = all.get(&name).ok_or_else(|| Error::NotFound(format!("No {name} in this profile")))?;
     Ok(json!({ name: value }))
 }

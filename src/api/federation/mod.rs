@@ -1,0 +1,384 @@
+//! The federation listener's application: `/_matrix/federation/*` and
+//! `/_matrix/key/*` only. [`Federation<T>`] authenticates the calling server
+//! (X-Matrix, verified against the original URI with the origin's keys) for
+//! endpoints whose auth scheme asks for it, then parses the request with ruma.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::extract::{FromRequest, FromRequestParts, OriginalUri, RawPathParams, Request, State};
+use axum::response::IntoResponse;
+use axum::routing::{MethodFilter, on};
+use ruma::api::auth_scheme::NoAuthentication;
+use ruma::api::federation::authentication::{ServerSignatures, XMatrix, XMatrixExtractError};
+use ruma::api::federation::discovery::{
+    get_remote_server_keys, get_remote_server_keys_batch, get_server_keys, get_server_version,
+};
+use ruma::api::federation::query::{get_profile_information, get_room_information};
+use ruma::api::path_builder::PathBuilder;
+use ruma::api::{IncomingRequest, IncomingRequestExt, Metadata};
+use ruma::{OwnedServerName, ServerName, UserId};
+
+use super::extract::{RumaResponse, read_body};
+use crate::error::{Error, Result};
+use crate::federation::keys;
+use crate::state::AppState;
+
+/// Whether an endpoint's auth scheme asks for an X-Matrix signature.
+pub trait FederationAuth {
+    /// True for [`ServerSignatures`].
+    const SIGNED: bool;
+}
+
+impl FederationAuth for ServerSignatures {
+    const SIGNED: bool = true;
+}
+
+impl FederationAuth for NoAuthentication {
+    const SIGNED: bool = false;
+}
+
+/// A parsed federation request for endpoint `T`, with the server that
+/// signed it (for signed endpoints).
+#[derive(Debug)]
+pub struct Federation<T> {
+    /// The typed request.
+    pub body: T,
+    /// The authenticated origin; `None` only for unsigned endpoints.
+    pub origin: Option<OwnedServerName>,
+}
+
+impl<T> Federation<T> {
+    /// The authenticated origin of a signed endpoint's request.
+    pub fn origin(&self) -> Result<&OwnedServerName> {
+        self.origin.as_ref().ok_or_else(|| Error::Unauthorized("Missing Authorization header".into()))
+    }
+}
+
+impl<T> FromRequest<AppState> for Federation<T>
+where
+    T: IncomingRequest + Send + 'static,
+    T::Authentication: FederationAuth,
+{
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self> {
+        let (mut parts, body) = req.into_parts();
+        let path_args: Vec<String> = RawPathParams::from_request_parts(&mut parts, state)
+            .await
+            .map_err(|e| Error::InvalidParam(format!("Invalid path: {e}")))?
+            .iter()
+            .map(|(_, v)| v.to_owned())
+            .collect();
+        let limit = state.settings.max_request_body_bytes;
+        let too_large = || Error::TooLarge(format!("The request body is over {limit} bytes"));
+        if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
+            && len.parse::<usize>().is_ok_and(|n| n > limit)
+        {
+            return Err(too_large());
+        }
+        let bytes = read_body(state, body, limit, too_large).await?;
+        if !bytes.is_empty()
+            && (std::str::from_utf8(&bytes).is_err()
+                || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err())
+        {
+            return Err(Error::NotJson("The request body is not valid JSON".into()));
+        }
+        let origin = if <T::Authentication as FederationAuth>::SIGNED {
+            Some(authenticate(state, &parts, &bytes).await?)
+        } else {
+            None
+        };
+        let bytes = if bytes.is_empty() && matches!(parts.method, http::Method::POST | http::Method::PUT) {
+            axum::body::Bytes::from_static(b"{}")
+        } else {
+            bytes
+        };
+        let args: Vec<&str> = path_args.iter().map(String::as_str).collect();
+        let request = http::Request::from_parts(parts, &bytes[..]);
+        let body = T::try_from_http_request(request, &args).map_err(super::extract::map_parse_error)?;
+        Ok(Self { body, origin })
+    }
+}
+
+/// Checks the request's X-Matrix header: addressed to us, signed by a
+/// current key of its origin over the method, the original URI and the body.
+/// Answers the origin.
+async fn authenticate(
+    state: &AppState,
+    parts: &http::request::Parts,
+    body: &[u8],
+) -> Result<OwnedServerName> {
+    let ours = &state.settings.server_name;
+    let xmatrix = parse_header(&parts.headers, ours)?;
+    let keys = keys::public_keys(state, &xmatrix.origin, xmatrix.key.as_str()).await.map_err(|e| {
+        tracing::info!(origin = %xmatrix.origin, "request not authenticated: {e}");
+        Error::Unauthorized(format!("Cannot get the signing keys of {}", xmatrix.origin))
+    })?;
+    // Verify over the URI as the client sent it: routing may have stripped prefixes.
+    let uri = parts.extensions.get::<OriginalUri>().map_or_else(|| parts.uri.clone(), |o| o.0.clone());
+    verify(&xmatrix, &parts.method, uri, body, ours, keys)?;
+    Ok(xmatrix.origin)
+}
+
+/// The X-Matrix header of a request to `ours`: present, well-formed, and not
+/// addressed to another server.
+fn parse_header(headers: &http::HeaderMap, ours: &ServerName) -> Result<XMatrix> {
+    let xmatrix = XMatrix::extract_from_http_headers(headers).map_err(|e| match e {
+        XMatrixExtractError::MissingAuthorizationHeader => {
+            Error::Unauthorized("Missing Authorization header".into())
+        }
+        other => Error::Unauthorized(format!("Malformed X-Matrix Authorization header: {other}")),
+    })?;
+    if xmatrix.destination.as_deref().is_some_and(|d| d != ours) {
+        return Err(Error::Unauthorized("Destination mismatch in the Authorization header".into()));
+    }
+    Ok(xmatrix)
+}
+
+/// Whether `xmatrix` signs this request (method, URI, JSON body) to `ours`
+/// with one of `keys`, the origin's current keys.
+fn verify(
+    xmatrix: &XMatrix,
+    method: &http::Method,
+    uri: http::Uri,
+    body: &[u8],
+    ours: &ServerName,
+    keys: ruma::signatures::PublicKeySet,
+) -> Result<()> {
+    let mut signed = http::Request::new(body);
+    *signed.method_mut() = method.clone();
+    *signed.uri_mut() = uri;
+    let map = std::collections::BTreeMap::from([(xmatrix.origin.to_string(), keys)]);
+    xmatrix.verify_http_request(&signed, ours, &map).map_err(|e| {
+        tracing::info!(origin = %xmatrix.origin, "request not authenticated: {e}");
+        Error::Unauthorized("Invalid X-Matrix signature".into())
+    })
+}
+
+/// The federation application.
+pub fn router(state: AppState) -> Router {
+    let router = Router::new();
+    let router = route(router, server_keys);
+    let router = route(router, notary_query);
+    let router = route(router, notary_query_one);
+    let router = route(router, version);
+    let router = route(router, query_profile);
+    let router = route(router, query_directory);
+    router
+        .fallback(|| async { Error::Unrecognized })
+        .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(state.settings.body_read_timeout))
+        .with_state(state)
+}
+
+/// Mounts `handler` for endpoint `T` on its paths.
+fn route<T, F, Fut>(mut router: Router<AppState>, handler: F) -> Router<AppState>
+where
+    T: IncomingRequest + Send + 'static,
+    T::Authentication: FederationAuth,
+    T::OutgoingResponse: Send + 'static,
+    F: Fn(AppState, Federation<T>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<T::OutgoingResponse>> + Send + 'static,
+{
+    let Ok(filter) = MethodFilter::try_from(<T as Metadata>::METHOD) else {
+        tracing::error!("endpoint with unsupported method {}", <T as Metadata>::METHOD);
+        return router;
+    };
+    for path in <T as Metadata>::PATH_BUILDER.all_paths() {
+        let handler = handler.clone();
+        router = router.route(
+            path,
+            on(filter, move |State(state): State<AppState>, req: Federation<T>| async move {
+                handler(state, req).await.map(RumaResponse).map(IntoResponse::into_response)
+            }),
+        );
+    }
+    router
+}
+
+async fn server_keys(
+    state: AppState,
+    _: Federation<get_server_keys::v2::Request>,
+) -> Result<get_server_keys::v2::Response> {
+    let object = keys::own_key_object(&state)?;
+    let raw = serde_json::value::to_raw_value(&object).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(get_server_keys::v2::Response::new(ruma::serde::Raw::from_json(raw)))
+}
+
+async fn notary_query(
+    state: AppState,
+    req: Federation<get_remote_server_keys_batch::v2::Request>,
+) -> Result<get_remote_server_keys_batch::v2::Response> {
+    let server_keys = keys::notary_query(&state, &req.body.server_keys).await?;
+    Ok(get_remote_server_keys_batch::v2::Response::new(server_keys))
+}
+
+async fn notary_query_one(
+    state: AppState,
+    req: Federation<get_remote_server_keys::v2::Request>,
+) -> Result<get_remote_server_keys::v2::Response> {
+    let mut criteria = get_remote_server_keys_batch::v2::QueryCriteria::new();
+    criteria.minimum_valid_until_ts = Some(req.body.minimum_valid_until_ts);
+    let query = std::collections::BTreeMap::from([(
+        req.body.server_name,
+        std::collections::BTreeMap::from([(
+            ruma::OwnedServerSigningKeyId::try_from("ed25519:query")
+                .map_err(|e| Error::Internal(e.to_string()))?,
+            criteria,
+        )]),
+    )]);
+    let server_keys = keys::notary_query(&state, &query).await?;
+    Ok(get_remote_server_keys::v2::Response::new(server_keys))
+}
+
+async fn version(
+    _: AppState,
+    _: Federation<get_server_version::v1::Request>,
+) -> Result<get_server_version::v1::Response> {
+    let mut server = get_server_version::v1::Server::new();
+    server.name = Some("seqline".into());
+    server.version = Some(env!("CARGO_PKG_VERSION").into());
+    let mut response = get_server_version::v1::Response::new();
+    response.server = Some(server);
+    Ok(response)
+}
+
+async fn query_directory(
+    state: AppState,
+    req: Federation<get_room_information::v1::Request>,
+) -> Result<get_room_information::v1::Response> {
+    let alias = &req.body.room_alias;
+    if alias.server_name() != state.settings.server_name {
+        return Err(Error::InvalidParam(format!("{alias} is not an alias of this server")));
+    }
+    let (room_id, servers) = crate::room::directory::resolve(&state, alias).await?;
+    Ok(get_room_information::v1::Response::new(room_id, servers))
+}
+
+async fn query_profile(
+    state: AppState,
+    req: Federation<get_profile_information::v1::Request>,
+) -> Result<get_profile_information::v1::Response> {
+    let user: &UserId = &req.body.user_id;
+    if user.server_name() != state.settings.server_name {
+        return Err(Error::InvalidParam(format!("{user} is not a user of this server")));
+    }
+    let profile = crate::account::profile::get(&state, user).await?;
+    let mut response = get_profile_information::v1::Response::new();
+    for (name, value) in profile {
+        if req.body.field.as_ref().is_none_or(|f| f.as_str() == name) {
+            response.set(name, value);
+        }
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD_NO_PAD;
+    use ruma::api::OutgoingRequestExt;
+    use ruma::api::federation::authentication::XMatrixSigningInput;
+
+    use super::*;
+
+    fn key() -> crate::signing_key::ServerKey {
+        crate::signing_key::parse(&format!("ed25519 key1 {}", STANDARD_NO_PAD.encode([7u8; 32]))).unwrap()
+    }
+
+    fn name(s: &str) -> OwnedServerName {
+        s.try_into().unwrap()
+    }
+
+    /// A profile query from origin.hs.example.com to destination.hs.example.com,
+    /// signed as the outbound path signs it.
+    fn signed_request(destination: &str) -> http::Request<Vec<u8>> {
+        let key = key();
+        let request = get_profile_information::v1::Request::new(
+            "@alice:destination.hs.example.com".try_into().unwrap(),
+        );
+        let input = XMatrixSigningInput::new(name("origin.hs.example.com"), name(destination), &key.pair);
+        request.try_into_http_request("https://destination.hs.example.com", input, ()).unwrap()
+    }
+
+    fn origin_keys() -> ruma::signatures::PublicKeySet {
+        std::collections::BTreeMap::from([(
+            "ed25519:key1".to_owned(),
+            ruma::serde::Base64::new(key().pair.public_key().to_vec()),
+        )])
+    }
+
+    fn check(request: &http::Request<Vec<u8>>, ours: &str) -> Result<()> {
+        let ours = name(ours);
+        let xmatrix = parse_header(request.headers(), &ours)?;
+        verify(&xmatrix, request.method(), request.uri().clone(), request.body(), &ours, origin_keys())
+    }
+
+    fn code(result: Result<()>) -> (http::StatusCode, &'static str) {
+        result.unwrap_err().status_and_code()
+    }
+
+    #[test]
+    fn header_has_the_spec_shape_and_verifies() {
+        let request = signed_request("destination.hs.example.com");
+        let header = request.headers()[http::header::AUTHORIZATION].to_str().unwrap().to_owned();
+        assert!(header.starts_with("X-Matrix "), "{header}");
+        // ruma quotes a value only where it has to.
+        for part in [
+            "origin=origin.hs.example.com",
+            "destination=destination.hs.example.com",
+            "key=\"ed25519:key1\"",
+            "sig=\"",
+        ] {
+            assert!(header.contains(part), "{header} lacks {part}");
+        }
+        assert_eq!(
+            request.uri().path_and_query().unwrap().as_str(),
+            "/_matrix/federation/v1/query/profile?user_id=%40alice%3Adestination.hs.example.com"
+        );
+        check(&request, "destination.hs.example.com").unwrap();
+    }
+
+    #[test]
+    fn the_spec_example_header_parses() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            "X-Matrix origin=\"origin.hs.example.com\",destination=\"destination.hs.example.com\",key=\"ed25519:key1\",sig=\"ABCDEF\"".parse().unwrap(),
+        );
+        let xmatrix = parse_header(&headers, &name("destination.hs.example.com")).unwrap();
+        assert_eq!(xmatrix.origin, "origin.hs.example.com");
+        assert_eq!(xmatrix.key, "ed25519:key1");
+        let err = parse_header(&headers, &name("elsewhere.example.com")).unwrap_err();
+        assert_eq!(err.status_and_code(), (http::StatusCode::UNAUTHORIZED, "M_UNAUTHORIZED"));
+    }
+
+    #[test]
+    fn bad_requests_are_unauthorized() {
+        let unauthorized = (http::StatusCode::UNAUTHORIZED, "M_UNAUTHORIZED");
+        // Addressed to another server.
+        let request = signed_request("elsewhere.example.com");
+        assert_eq!(code(check(&request, "destination.hs.example.com")), unauthorized);
+        // Another URI than the one signed (a query parameter changed).
+        let mut moved = signed_request("destination.hs.example.com");
+        *moved.uri_mut() = "/_matrix/federation/v1/query/profile?user_id=%40bob%3Adestination.hs.example.com"
+            .parse()
+            .unwrap();
+        assert_eq!(code(check(&moved, "destination.hs.example.com")), unauthorized);
+        // Another method.
+        let mut posted = signed_request("destination.hs.example.com");
+        *posted.method_mut() = http::Method::POST;
+        assert_eq!(code(check(&posted, "destination.hs.example.com")), unauthorized);
+        // A body added after signing.
+        let mut grown = signed_request("destination.hs.example.com");
+        *grown.body_mut() = b"{\"a\":1}".to_vec();
+        assert_eq!(code(check(&grown, "destination.hs.example.com")), unauthorized);
+        // No header, or not an X-Matrix one.
+        let mut bare = signed_request("destination.hs.example.com");
+        bare.headers_mut().remove(http::header::AUTHORIZATION);
+        assert_eq!(code(check(&bare, "destination.hs.example.com")), unauthorized);
+        bare.headers_mut().insert(http::header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(code(check(&bare, "destination.hs.example.com")), unauthorized);
+    }
+}
