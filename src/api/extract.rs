@@ -139,12 +139,7 @@ where
         let (mut parts, body) = req.into_parts();
         let empty_state_key = parts.extensions.get::<EmptyStateKey>().is_some();
         let client_ip = parts.extensions.get::<ClientAddress>().map(|c| c.0);
-        let path_args: Vec<String> = RawPathParams::from_request_parts(&mut parts, state)
-            .await
-            .map_err(|e| Error::InvalidParam(format!("Invalid path: {e}")))?
-            .iter()
-            .map(|(_, v)| v.to_owned())
-            .collect();
+        let path_args = path_args(&mut parts, state).await?;
 
         let requester = match <T::Authentication as AuthRule>::RULE {
             TokenRule::None => None,
@@ -158,13 +153,7 @@ where
             },
         };
 
-        let limit = state.settings.max_request_body_bytes;
-        if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
-            && len.parse::<usize>().is_ok_and(|n| n > limit)
-        {
-            return Err(too_large(limit));
-        }
-        let bytes = read_body(state, body, limit, || too_large(limit)).await?;
+        let bytes = limited_body(state, &parts, body).await?;
         let query = parts.uri.query().unwrap_or("").to_owned();
         let body = parse_request::<T>(parts, &bytes, &path_args, empty_state_key)?;
         if let Some(requester) = &requester {
@@ -172,6 +161,33 @@ where
         }
         Ok(Self { body, requester, client_ip, query })
     }
+}
+
+/// A request's path parameters, in order.
+pub async fn path_args(parts: &mut http::request::Parts, state: &AppState) -> Result<Vec<String>> {
+    Ok(RawPathParams::from_request_parts(parts, state)
+        .await
+        .map_err(|e| Error::InvalidParam(format!("Invalid path: {e}")))?
+        .iter()
+        .map(|(_, v)| v.to_owned())
+        .collect())
+}
+
+/// A JSON request's whole body: refused before reading when its
+/// Content-Length is over the limit, else read within the limit and the body
+/// read timeout.
+pub async fn limited_body(
+    state: &AppState,
+    parts: &http::request::Parts,
+    body: Body,
+) -> Result<axum::body::Bytes> {
+    let limit = state.settings.max_request_body_bytes;
+    if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
+        && len.parse::<usize>().is_ok_and(|n| n > limit)
+    {
+        return Err(too_large(limit));
+    }
+    read_body(state, body, limit, || too_large(limit)).await
 }
 
 /// User-interactive auth: an `auth` object with neither `type` nor `session`

@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use axum::Router;
-use axum::extract::{FromRequest, FromRequestParts, OriginalUri, RawPathParams, Request, State};
+use axum::extract::{FromRequest, OriginalUri, Request, State};
 use axum::response::IntoResponse;
 use axum::routing::{MethodFilter, on};
 use ruma::api::auth_scheme::NoAuthentication;
@@ -16,10 +16,10 @@ use ruma::api::federation::discovery::{
 };
 use ruma::api::federation::query::{get_profile_information, get_room_information};
 use ruma::api::path_builder::PathBuilder;
-use ruma::api::{IncomingRequest, IncomingRequestExt, Metadata};
+use ruma::api::{IncomingRequest, Metadata};
 use ruma::{OwnedServerName, ServerName, UserId};
 
-use super::extract::{RumaResponse, read_body};
+use super::extract::RumaResponse;
 use crate::error::{Error, Result};
 use crate::federation::keys;
 use crate::state::AppState;
@@ -64,39 +64,19 @@ where
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self> {
         let (mut parts, body) = req.into_parts();
-        let path_args: Vec<String> = RawPathParams::from_request_parts(&mut parts, state)
-            .await
-            .map_err(|e| Error::InvalidParam(format!("Invalid path: {e}")))?
-            .iter()
-            .map(|(_, v)| v.to_owned())
-            .collect();
-        let limit = state.settings.max_request_body_bytes;
-        let too_large = || Error::TooLarge(format!("The request body is over {limit} bytes"));
-        if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
-            && len.parse::<usize>().is_ok_and(|n| n > limit)
-        {
-            return Err(too_large());
-        }
-        let bytes = read_body(state, body, limit, too_large).await?;
-        if !bytes.is_empty()
-            && (std::str::from_utf8(&bytes).is_err()
-                || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err())
-        {
-            return Err(Error::NotJson("The request body is not valid JSON".into()));
+        let path_args = super::extract::path_args(&mut parts, state).await?;
+        let bytes = super::extract::limited_body(state, &parts, body).await?;
+        // The same body rules as the client API (UTF-8 JSON, no duplicate
+        // keys, bounded nesting and numbers), checked before the signature.
+        if !bytes.is_empty() {
+            super::extract::check_json(&bytes)?;
         }
         let origin = if <T::Authentication as FederationAuth>::SIGNED {
             Some(authenticate(state, &parts, &bytes).await?)
         } else {
             None
         };
-        let bytes = if bytes.is_empty() && matches!(parts.method, http::Method::POST | http::Method::PUT) {
-            axum::body::Bytes::from_static(b"{}")
-        } else {
-            bytes
-        };
-        let args: Vec<&str> = path_args.iter().map(String::as_str).collect();
-        let request = http::Request::from_parts(parts, &bytes[..]);
-        let body = T::try_from_http_request(request, &args).map_err(super::extract::map_parse_error)?;
+        let body = super::extract::parse_request::<T>(parts, &bytes, &path_args, false)?;
         Ok(Self { body, origin })
     }
 }
