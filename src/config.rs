@@ -333,7 +333,7 @@ impl RateLimits {
 }
 
 /// A trusted proxy: an address (a single-host network) or a CIDR.
-fn parse_proxy(text: &str) -> Option<IpNet> {
+fn parse_ip_range(text: &str) -> Option<IpNet> {
     text.parse::<IpNet>().ok().or_else(|| text.parse::<std::net::IpAddr>().ok().map(IpNet::from))
 }
 
@@ -699,7 +699,7 @@ impl Config {
             .trusted_proxies
             .iter()
             .map(|p| {
-                parse_proxy(p).ok_or_else(|| {
+                parse_ip_range(p).ok_or_else(|| {
                     ConfigError(format!("rate_limits.trusted_proxies: {p:?} is not an IP address or CIDR"))
                 })
             })
@@ -733,13 +733,9 @@ impl Config {
             .iter()
             .map(|r| {
                 // A bare address is the range of that one address.
-                r.parse::<ipnet::IpNet>()
-                    .or_else(|_| r.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                    .map_err(|_| {
-                        ConfigError(format!(
-                            "outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"
-                        ))
-                    })
+                parse_ip_range(r).ok_or_else(|| {
+                    ConfigError(format!("outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"))
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let federation = self.federation_listener()?;

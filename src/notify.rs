@@ -315,11 +315,17 @@ async fn push_for_user(state: &AppState, room_id: &str, lo: i64, hi: i64, user: 
             let url = pusher["data"]["url"].as_str().unwrap_or_default().to_owned();
             let pushkey = pusher["pushkey"].as_str().unwrap_or_default().to_owned();
             let app_id = pusher["app_id"].as_str().unwrap_or_default().to_owned();
+            // Gateways that never answer hold a slot each, not the server:
+            // with every slot taken the push is dropped (pushes are best
+            // effort), not queued without bound.
+            let Ok(slot) = state.push_slots.clone().try_acquire_owned() else {
+                tracing::warn!(%user, "every push slot is busy: push dropped");
+                continue;
+            };
             let state = state.clone();
             let user = user.to_owned();
             tokio::spawn(async move {
-                // Gateways that never answer hold a slot each, not the server.
-                let Ok(_slot) = state.push_slots.clone().acquire_owned().await else { return };
+                let _slot = slot;
                 deliver(&state, &user, &app_id, &pushkey, &url, &body).await
             });
         }
@@ -429,13 +435,13 @@ fn refused_by_policy(error: &OutboundError) -> bool {
     false
 }
 
+/// Push deliveries in flight at once; more are dropped.
+pub const MAX_PUSHES_IN_FLIGHT: usize = 64;
+
 /// POSTs to a push gateway: up to five tries with doubling waits; a gateway
 /// that rejects the pushkey gets the pusher removed, as the spec asks. A
 /// destination the outbound policy refuses, a redirect (never followed), a
 /// 4xx other than 429 or a reply over [`MAX_GATEWAY_REPLY_BYTES`] ends it.
-/// Push deliveries in flight at once; more wait for a slot.
-pub const MAX_PUSHES_IN_FLIGHT: usize = 64;
-
 async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url: &str, body: &Value) {
     let mut wait = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {

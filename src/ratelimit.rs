@@ -82,11 +82,6 @@ impl RateLimiter {
         Self { config, buckets: Mutex::new(HashMap::new()) }
     }
 
-    /// Whether limits apply at all.
-    pub fn enabled(&self) -> bool {
-        self.config.enabled
-    }
-
     fn rate(&self, action: Action) -> (f64, f64) {
         let c = &self.config;
         let (per_second, burst) = match action {

@@ -14,6 +14,12 @@ pub async fn device_list_changed(state: &AppState, user: &UserId) -> Result<()> 
     let reservation = state.streams.reserve();
     keys::device_list_changed(&state.db, user.as_str(), reservation.pos).await?;
     drop(reservation);
+    wake_peers(state, user).await
+}
+
+/// Wakes everyone who shares a room with `user` (and the user's own
+/// devices): their device lists changed.
+async fn wake_peers(state: &AppState, user: &UserId) -> Result<()> {
     let wake = events::room_peers(&state.db, user.as_str()).await?;
     state.notifier.wake(wake.iter().map(String::as_str));
     Ok(())
@@ -44,7 +50,5 @@ pub async fn remove_devices(state: &AppState, user: &UserId, device_ids: &[&str]
     for device in device_ids {
         state.tokens.forget_device(user.as_str(), device);
     }
-    let wake = events::room_peers(&state.db, user.as_str()).await?;
-    state.notifier.wake(wake.iter().map(String::as_str));
-    Ok(())
+    wake_peers(state, user).await
 }

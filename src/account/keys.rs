@@ -227,7 +227,6 @@ pub async fn upload_cross_signing_keys(
         ("user_signing", upload.user_signing),
     ] {
         let Some(mut key) = key else { continue };
-        let uploaded_signatures = key.get("signatures").cloned();
         if key["user_id"] != user {
             return Err(Error::InvalidParam(format!("The {kind} key must be for {user}")));
         }
@@ -241,24 +240,23 @@ pub async fn upload_cross_signing_keys(
         // user's devices, say) come through /keys/signatures/upload, where
         // each is verified; the others keep only the master key's, verified
         // below.
-        keep_signatures_of(&mut key, user, Some(""));
-        checked.push((kind, key, public, uploaded_signatures));
+        if kind == "master" {
+            keep_signatures_of(&mut key, user, Some(""));
+        }
+        checked.push((kind, key, public));
     }
     let has_master = keys::cross_signing_key(&state.db, user, "master").await?.is_some();
     let stored_master = stored_cross_signing_key(state, user, "master").await?;
     let master = checked
         .iter()
         .find(|(kind, ..)| *kind == "master")
-        .map(|(_, _, public, _)| public.clone())
+        .map(|(.., public)| public.clone())
         .or_else(|| stored_master.as_ref().map(|(_, public)| public.clone()));
-    for (kind, key, _, uploaded) in checked.iter_mut().filter(|(kind, ..)| *kind != "master") {
+    for (kind, key, _) in checked.iter_mut().filter(|(kind, ..)| *kind != "master") {
         let master = master.as_deref().ok_or_else(|| {
             Error::MissingParam(format!("The {kind} key must be signed by a master key; there is none"))
         })?;
         let key_id = format!("ed25519:{master}");
-        if let Some(signatures) = uploaded.take() {
-            key["signatures"] = signatures;
-        }
         keep_signatures_of(key, user, Some(&key_id));
         verify_signature(key, user, &key_id, master)?;
     }
@@ -273,7 +271,7 @@ pub async fn upload_cross_signing_keys(
     } else {
         None
     };
-    for (kind, key, public, _) in &checked {
+    for (kind, key, public) in &checked {
         if let Some((_, old)) = stored_cross_signing_key(state, user, kind).await?
             && old != *public
         {

@@ -111,7 +111,7 @@ fn access_token(parts: &http::request::Parts) -> Result<Option<String>> {
 }
 
 /// A ruma parse failure as a Matrix error.
-pub fn map_parse_error(e: FromHttpRequestError) -> Error {
+fn map_parse_error(e: FromHttpRequestError) -> Error {
     match e {
         FromHttpRequestError::MethodMismatch { .. } => Error::MethodNotAllowed,
         FromHttpRequestError::Deserialization(e) => match e {

@@ -306,7 +306,11 @@ pub async fn notary_query(
             .max()
             .unwrap_or(now);
         let stored = server_keys::get(&state.db, server.as_str()).await?;
-        if !stored.iter().any(|k| k.expired_ts.is_none() && k.valid_until_ts >= minimum) {
+        let satisfied = stored.iter().any(|k| k.expired_ts.is_none() && k.valid_until_ts >= minimum);
+        // A server whose keys we hold is fetched again at most once per
+        // backoff period, however far off the asked validity (this query
+        // needs no signature: it must not make us hammer other servers).
+        if !satisfied && (stored.is_empty() || state.key_fetch_backoff.may_refetch(server, now)) {
             missing.push(server.clone());
         }
     }

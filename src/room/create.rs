@@ -143,6 +143,7 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         sender: creator.to_owned(),
         redacts: None,
     };
+    pdu::check_draft(&create_draft)?;
     let now = storage::now_ms();
     let create_pdu = pdu::build(
         &rules,

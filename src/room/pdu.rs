@@ -238,7 +238,6 @@ pub fn build(
     if rules.event_id_format == EventIdFormatVersion::V1 {
         return Err(Error::Internal("creating events in room versions 1 and 2 is not supported".into()));
     }
-    check_draft(draft)?;
     let ids = |ids: &[OwnedEventId]| {
         CanonicalJsonValue::Array(ids.iter().map(|id| CanonicalJsonValue::String(id.to_string())).collect())
     };
@@ -286,7 +285,9 @@ pub fn build(
     Pdu::from_text(event_id, text.into())
 }
 
-/// What every new event must be, whichever path it comes by: a type and
+/// What every new event must be, whichever path it comes by (checked by
+/// `RoomWriter::append` before it reads anything, and by createRoom for the
+/// create event, the one event built outside it): a type and
 /// state key within the spec's 255 bytes and without NUL characters (which
 /// no identifier holds and PostgreSQL cannot store in text), and content no
 /// deeper than [`MAX_CONTENT_DEPTH`].

@@ -312,21 +312,20 @@ pub async fn put_to_device(
     Ok(())
 }
 
-/// Undelivered to-device messages from `sender` to a device.
+/// Undelivered to-device messages from `sender` to each of `user`'s devices.
 pub async fn pending_to_device(
     conn: &mut AnyConnection,
     user: &str,
-    device: &str,
     sender: &str,
-) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT COUNT(*) FROM to_device WHERE user_id = $1 AND device_id = $2 AND sender = $3",
+) -> Result<std::collections::HashMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT device_id, COUNT(*) FROM to_device WHERE user_id = $1 AND sender = $2 GROUP BY device_id",
     )
     .bind(user)
-    .bind(device)
     .bind(sender)
-    .fetch_one(conn)
-    .await?)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// To-device messages for a device up to `upto`, at most `limit`, oldest

@@ -234,20 +234,19 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
                     join.insert(room_id, room);
                 }
             }
-            "invite" => {
-                let invite_seq =
-                    access.stays.iter().filter(|r| r.kind == "invite").map(|r| r.min_seq).max().unwrap_or(0);
-                if initial || invite_seq > since_seq {
+            kind @ ("invite" | "knock") => {
+                // Pending: the room's stripped state, once, from the invite
+                // or knock on.
+                let started =
+                    access.stays.iter().filter(|r| r.kind == kind).map(|r| r.min_seq).max().unwrap_or(0);
+                if initial || started > since_seq {
                     has_news = true;
-                    invite.insert(room_id, json!({ "invite_state": { "events": invite_state(state, &view, &me.user_id).await? } }));
-                }
-            }
-            "knock" => {
-                let knock_seq =
-                    access.stays.iter().filter(|r| r.kind == "knock").map(|r| r.min_seq).max().unwrap_or(0);
-                if initial || knock_seq > since_seq {
-                    has_news = true;
-                    knock.insert(room_id, json!({ "knock_state": { "events": invite_state(state, &view, &me.user_id).await? } }));
+                    let events = invite_state(state, &view, &me.user_id).await?;
+                    if kind == "invite" {
+                        invite.insert(room_id, json!({ "invite_state": { "events": events } }));
+                    } else {
+                        knock.insert(room_id, json!({ "knock_state": { "events": events } }));
+                    }
                 }
             }
             _ => {

@@ -227,9 +227,11 @@ async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Req
         return Ok(json!({}));
     }
     for (user, list) in &recipients {
+        // One grouped count per recipient (not one per device) while the
+        // write slot is held.
+        let pending = keys::pending_to_device(tx.conn(), user, me.user_id.as_str()).await?;
         for (device, content) in list {
-            let pending = keys::pending_to_device(tx.conn(), user, device, me.user_id.as_str()).await?;
-            if pending >= MAX_PENDING_TO_DEVICE {
+            if pending.get(device).is_some_and(|n| *n >= MAX_PENDING_TO_DEVICE) {
                 // Nothing of the request is stored: the transaction is dropped.
                 return Err(Error::LimitExceeded { retry_after_ms: 10_000 });
             }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::room::membership::{self, Change};
 use crate::room::read;
 use crate::state::AppState;
-use crate::storage::{aliases, memberships};
+use crate::storage::memberships;
 
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, join_by_id);
@@ -61,17 +61,12 @@ async fn join(
     join_or_knock(state, room_id, me, "join", reason).await
 }
 
-/// A room id, or the room a local alias points to (404 when it points
-/// nowhere).
+/// A room id, or the room an alias points to (`room::directory::resolve`:
+/// 404 when it points nowhere).
 async fn resolve(state: &AppState, target: &ruma::RoomOrAliasId) -> Result<OwnedRoomId> {
     match <&RoomId>::try_from(target) {
         Ok(id) => Ok(id.to_owned()),
-        Err(alias) => {
-            let (room_id, _) = aliases::get(&state.db, alias.as_str())
-                .await?
-                .ok_or_else(|| Error::NotFound(format!("Room alias {alias} not found")))?;
-            OwnedRoomId::try_from(room_id).map_err(|e| Error::Internal(e.to_string()))
-        }
+        Err(alias) => Ok(crate::room::directory::resolve(state, alias).await?.0),
     }
 }
 

@@ -27,12 +27,7 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
 /// The parts of a client's RoomEventFilter that select events (shared by
 /// `/messages`, `/context` and `/sync`); a list longer than the bound is 400.
 pub(super) fn event_filter(f: &RoomEventFilter) -> Result<EventFilter> {
-    history::check_filter_list("types", f.types.as_ref().map_or(0, Vec::len))?;
-    history::check_filter_list("not_types", f.not_types.len())?;
-    history::check_filter_list("senders", f.senders.as_ref().map_or(0, Vec::len))?;
-    history::check_filter_list("not_senders", f.not_senders.len())?;
-    history::check_filter_list("rooms", f.rooms.as_ref().map_or(0, Vec::len))?;
-    history::check_filter_list("not_rooms", f.not_rooms.len())?;
+    check_event_filter(f)?;
     Ok(EventFilter {
         types: f.types.clone(),
         not_types: f.not_types.clone(),
@@ -40,6 +35,16 @@ pub(super) fn event_filter(f: &RoomEventFilter) -> Result<EventFilter> {
         not_senders: f.not_senders.iter().map(ToString::to_string).collect(),
         contains_url: f.url_filter.as_ref().map(|u| matches!(u, UrlFilter::EventsWithUrl)),
     })
+}
+
+/// Refuses a RoomEventFilter with a list longer than the bound.
+pub(super) fn check_event_filter(f: &RoomEventFilter) -> Result<()> {
+    history::check_filter_list("types", f.types.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_types", f.not_types.len())?;
+    history::check_filter_list("senders", f.senders.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_senders", f.not_senders.len())?;
+    history::check_filter_list("rooms", f.rooms.as_ref().map_or(0, Vec::len))?;
+    history::check_filter_list("not_rooms", f.not_rooms.len())
 }
 
 fn lazy_members(f: &RoomEventFilter) -> bool {

@@ -32,7 +32,7 @@ fn check_definition(def: &FilterDefinition) -> Result<()> {
     history::check_filter_list("rooms", room.rooms.as_ref().map_or(0, Vec::len))?;
     history::check_filter_list("not_rooms", room.not_rooms.len())?;
     for f in [&room.timeline, &room.state, &room.ephemeral, &room.account_data] {
-        super::messages::event_filter(f)?;
+        super::messages::check_event_filter(f)?;
     }
     for f in [&def.presence, &def.account_data] {
         history::check_filter_list("types", f.types.as_ref().map_or(0, Vec::len))?;

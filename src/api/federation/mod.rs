@@ -48,13 +48,6 @@ pub struct Federation<T> {
     pub origin: Option<OwnedServerName>,
 }
 
-impl<T> Federation<T> {
-    /// The authenticated origin of a signed endpoint's request.
-    pub fn origin(&self) -> Result<&OwnedServerName> {
-        self.origin.as_ref().ok_or_else(|| Error::Unauthorized("Missing Authorization header".into()))
-    }
-}
-
 impl<T> FromRequest<AppState> for Federation<T>
 where
     T: IncomingRequest + Send + 'static,
