@@ -106,6 +106,17 @@ pub enum Error {
     /// Another server could not be asked (unreachable, or a bad answer): 502 M_UNKNOWN.
     #[error("{0}")]
     RemoteUnavailable(String),
+    /// A room's version is not among those the asking server supports
+    /// (make_join's `ver`): 400 M_INCOMPATIBLE_ROOM_VERSION with the room's version.
+    #[error("Your homeserver does not support the features required to join this room")]
+    IncompatibleRoomVersion {
+        /// The room's version.
+        room_version: String,
+    },
+    /// Another server's event points at events this server does not have:
+    /// 400 M_BAD_JSON (said per event in a /send answer).
+    #[error("{0}")]
+    MissingPrevEvents(String),
     /// A key or signature does not verify: 400 M_INVALID_SIGNATURE.
     #[error("{0}")]
     InvalidSignature(String),
@@ -163,6 +174,7 @@ impl Error {
             Self::BadJson(m) => Self::BadJson(m.clone()),
             Self::InvalidParam(m) => Self::InvalidParam(m.clone()),
             Self::TooLarge(m) => Self::TooLarge(m.clone()),
+            Self::MissingPrevEvents(m) => Self::MissingPrevEvents(m.clone()),
             other => Self::Internal(other.to_string()),
         }
     }

@@ -54,6 +54,7 @@ pub async fn run(mut settings: Settings) -> Result<()> {
     let state = open(settings).await?;
     if let Some((_, local, _)) = &federation {
         tracing::info!("federation listening on https://{local}");
+        crate::federation::sender::resume(&state).await;
     }
     tracing::info!(
         server_name = %state.settings.server_name,

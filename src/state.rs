@@ -57,6 +57,8 @@ pub struct Services {
     pub thumbnailing: tokio::sync::Semaphore,
     /// Servers whose keys could not be fetched lately, not asked again yet.
     pub key_fetch_backoff: crate::federation::keys::FetchBackoff,
+    /// The tasks sending our events to other servers.
+    pub federation_sender: crate::federation::sender::Sender,
 }
 
 impl AppState {
@@ -92,6 +94,7 @@ impl AppState {
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             ),
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
+            federation_sender: crate::federation::sender::Sender::default(),
         }))
     }
 }

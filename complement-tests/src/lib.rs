@@ -3,3 +3,4 @@
 pub mod api;
 pub mod e2ee;
 pub mod harness;
+pub mod pdu;

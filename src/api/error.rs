@@ -39,6 +39,8 @@ impl Error {
             Self::RemoteUnavailable(_) => (StatusCode::BAD_GATEWAY, "M_UNKNOWN"),
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "M_UNAUTHORIZED"),
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
+            Self::IncompatibleRoomVersion { .. } => (StatusCode::BAD_REQUEST, "M_INCOMPATIBLE_ROOM_VERSION"),
+            Self::MissingPrevEvents(_) => (StatusCode::BAD_REQUEST, "M_BAD_JSON"),
             Self::ServerControlled(_) => (StatusCode::METHOD_NOT_ALLOWED, "M_BAD_JSON"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
             Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "M_UNKNOWN"),
@@ -57,6 +59,9 @@ impl IntoResponse for Error {
             }
             Self::LimitExceeded { retry_after_ms } => {
                 json!({ "errcode": errcode, "error": self.to_string(), "retry_after_ms": retry_after_ms })
+            }
+            Self::IncompatibleRoomVersion { room_version } => {
+                json!({ "errcode": errcode, "error": self.to_string(), "room_version": room_version })
             }
             Self::WrongRoomKeysVersion { current_version } => json!({
                 "errcode": errcode,

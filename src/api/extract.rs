@@ -181,7 +181,16 @@ pub async fn limited_body(
     parts: &http::request::Parts,
     body: Body,
 ) -> Result<axum::body::Bytes> {
-    let limit = state.settings.max_request_body_bytes;
+    limited_body_to(state, parts, body, state.settings.max_request_body_bytes).await
+}
+
+/// [`limited_body`] with another limit (`limit` bytes).
+pub async fn limited_body_to(
+    state: &AppState,
+    parts: &http::request::Parts,
+    body: Body,
+    limit: usize,
+) -> Result<axum::body::Bytes> {
     if let Some(len) = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
         && len.parse::<usize>().is_ok_and(|n| n > limit)
     {

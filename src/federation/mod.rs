@@ -3,7 +3,10 @@
 //! through the one outbound client ([`send`]), and the server keys
 //! ([`keys`]: ours as published, other servers' fetched and cached).
 
+pub mod incoming;
 pub mod keys;
+pub mod resident;
+pub mod sender;
 
 use ruma::api::auth_scheme::{AuthScheme, NoAuthentication};
 use ruma::api::federation::authentication::{ServerSignatures, XMatrixSigningInput};

@@ -168,6 +168,29 @@ impl Pdu {
         }
     }
 
+    /// The event as the write path sees a local one (type, state key,
+    /// content, sender, redaction target).
+    pub fn as_draft(&self) -> Result<Draft> {
+        let content: CanonicalJsonObject = serde_json::from_str(self.content.get())
+            .map_err(|e| Error::BadJson(format!("The event content is not a canonical JSON object: {e}")))?;
+        Ok(Draft {
+            kind: self.kind.to_string(),
+            state_key: self.state_key.clone(),
+            content,
+            sender: self.sender.clone(),
+            redacts: self.redacts.clone(),
+        })
+    }
+
+    /// Parses a PDU another server sent, checked already (its canonical
+    /// JSON object, without `unsigned`, and the event id it has in its
+    /// room's version).
+    pub fn from_checked(event_id: OwnedEventId, object: &CanonicalJsonObject) -> Result<Self> {
+        let text = serde_json::to_string(object).map_err(|e| Error::Internal(format!("pdu json: {e}")))?;
+        Self::from_text(event_id, text.into())
+            .map_err(|e| Error::BadJson(format!("The event does not have the fields of a PDU: {e}")))
+    }
+
     /// The PDU as JSON text, for storage.
     pub fn to_json_string(&self) -> String {
         self.text.to_string()

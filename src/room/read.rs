@@ -226,6 +226,24 @@ pub async fn access(state: &AppState, view: &RoomView, user_id: &UserId) -> Resu
     Ok(Access { ranges, history: user.history.clone(), stays: user.stays.clone(), world_readable_now })
 }
 
+/// What another server may be sent of the room ([`visibility::server_visible`]
+/// over the union of its users' ranges, above the room's floors). A server
+/// none of whose users is joined now is refused (403), as Synapse does.
+pub async fn server_access(
+    state: &AppState,
+    view: &RoomView,
+    server: &ruma::ServerName,
+) -> Result<SeqRanges> {
+    let room_id = view.room.room_id.as_str();
+    if !crate::storage::federation::server_in_room(&state.db, room_id, server.as_str()).await? {
+        return Err(Error::Forbidden(format!("{server} is not in this room")));
+    }
+    let room = room_inputs(state, view).await?;
+    let floor = floor(state, view, room.max_lifetime, 0).await?;
+    let rows = memberships::server_ranges(&state.db, room_id, server.as_str()).await?;
+    Ok(visibility::server_visible(&rows, &room.hv, view.room.last_seq, floor))
+}
+
 /// Refuses users who are not joined to the room now.
 pub async fn require_joined(
     state: &AppState,

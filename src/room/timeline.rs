@@ -22,6 +22,9 @@ use crate::streams::Reservation;
 /// (which let their holder read only the events that end them).
 const RANGE_KINDS: [&str; 3] = ["join", "invite", "knock"];
 
+/// The most prev events a local event points at (the spec allows 20).
+const MAX_PREV_EVENTS: usize = 10;
+
 /// The most queued appends one transaction takes.
 const MAX_BATCH: usize = 64;
 
@@ -83,6 +86,10 @@ pub struct RoomWriter {
     appended: Option<(i64, i64)>,
     /// A state event was appended: the room's read epoch moves at commit.
     state_changed: bool,
+    /// The servers with users joined to the room, once loaded.
+    servers: Option<Vec<String>>,
+    /// Servers this transaction queued events for (woken after commit).
+    destinations: std::collections::BTreeSet<String>,
     tx: RoomTx,
 }
 
@@ -111,6 +118,8 @@ impl RoomWriter {
             reservations: Vec::new(),
             appended: None,
             state_changed: false,
+            servers: None,
+            destinations: Default::default(),
             tx,
         })
     }
@@ -141,6 +150,8 @@ impl RoomWriter {
             reservations: vec![create_stream],
             appended: Some((1, 1)),
             state_changed: true,
+            servers: None,
+            destinations: Default::default(),
             tx,
         }
     }
@@ -200,6 +211,36 @@ impl RoomWriter {
             return Ok(Appended { pdu, seq, is_new: false });
         }
 
+        let now = storage::now_ms();
+        let (pdu, redacts, allowed) = self.build(state, draft, now).await?;
+        // A repeated transaction answers with the event the first one made,
+        // even if the sender could not send it now (they left since, say).
+        // Checked by claiming the transaction id: no extra query when new.
+        if let Some(t) = txn {
+            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
+            let claimed = match allowed {
+                Ok(()) => events::claim_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?,
+                Err(_) => false,
+            };
+            if !claimed && let Some(earlier) = self.txn_event(key).await? {
+                return Ok(earlier);
+            }
+        }
+        allowed?;
+        self.place(state, draft, pdu, redacts.as_ref(), txn, now, true).await
+    }
+
+    /// Builds the PDU of a local draft at the head of the line (auth events
+    /// from the current state) and checks it: the outer error is a failure,
+    /// the inner one a refusal.
+    async fn build(
+        &mut self,
+        state: &AppState,
+        draft: &Draft,
+        now: i64,
+    ) -> Result<(Pdu, Option<OwnedEventId>, Result<()>)> {
+        let content_raw = serde_json::value::to_raw_value(&draft.content)
+            .map_err(|e| Error::Internal(format!("content: {e}")))?;
         let kind = TimelineEventType::from(draft.kind.as_str());
         let auth_types = ruma::state_res::auth_types_for_event(
             &kind,
@@ -218,8 +259,6 @@ impl RoomWriter {
         // The dependent checks read the create event even where (v12) it is
         // not an auth event.
         self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
-
-        let now = storage::now_ms();
         let placement = Placement {
             room_id: if kind == TimelineEventType::RoomCreate
                 && self.rules.authorization.room_create_event_id_as_room_id
@@ -228,43 +267,129 @@ impl RoomWriter {
             } else {
                 Some(&self.room_id)
             },
-            prev_events: self.extremities.clone(),
+            prev_events: self.extremities.iter().rev().take(MAX_PREV_EVENTS).cloned().collect(),
             auth_events,
             depth: u64::try_from(self.max_depth + 1).unwrap_or(1),
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
         };
         let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
         let redacts = super::redaction::target(&self.rules, &pdu)?;
+        let allowed = self.check(&pdu, draft, redacts.as_ref()).await?;
+        Ok((pdu, redacts, allowed))
+    }
 
-        let mut allowed = authorize(
+    /// The rules every event passes, local or remote, with its auth events
+    /// and the current state loaded: the spec's authorisation rules, who may
+    /// redact what, who may change read-control state. The outer error is a
+    /// failure, the inner one the refusal.
+    async fn check(
+        &mut self,
+        pdu: &Pdu,
+        draft: &Draft,
+        redacts: Option<&OwnedEventId>,
+    ) -> Result<Result<()>> {
+        let allowed = authorize(
             &self.rules,
-            &pdu,
+            pdu,
             |id| self.by_id.get(id),
             |t, k| self.state.get(&(t.to_string(), k.to_owned())).and_then(Option::as_ref),
         );
-        if allowed.is_ok()
-            && let Some(target) = &redacts
-        {
-            allowed = self.check_redaction(&pdu, target).await?;
+        if allowed.is_err() {
+            return Ok(allowed);
         }
-        if allowed.is_ok() && draft.state_key.is_some() && READ_CONTROL_TYPES.contains(&draft.kind.as_str()) {
-            allowed = self.check_read_control(&pdu.sender).await?;
-        }
-        // A repeated transaction answers with the event the first one made,
-        // even if the sender could not send it now (they left since, say).
-        // Checked by claiming the transaction id: no extra query when new.
-        if let Some(t) = txn {
-            let key = Txn { user_id: sender, device_id: &t.device_id, scope: &t.scope, txn_id: &t.txn_id };
-            let claimed = match allowed {
-                Ok(()) => events::claim_txn(self.tx.conn(), key, pdu.event_id.as_str(), now).await?,
-                Err(_) => false,
-            };
-            if !claimed && let Some(earlier) = self.txn_event(key).await? {
-                return Ok(earlier);
+        if let Some(target) = redacts {
+            let allowed = self.check_redaction(pdu, target).await?;
+            if allowed.is_err() {
+                return Ok(allowed);
             }
         }
-        allowed?;
+        if draft.state_key.is_some() && READ_CONTROL_TYPES.contains(&draft.kind.as_str()) {
+            return self.check_read_control(&pdu.sender).await;
+        }
+        Ok(Ok(()))
+    }
 
+    /// The event another server's user would send to join (or leave) the
+    /// room now (make_join, make_leave): built at the head like a local
+    /// event, restricted-join authoriser chosen as for local joins, and
+    /// refused if the rules refuse it. Nothing is stored.
+    pub async fn template(&mut self, state: &AppState, draft: &Draft) -> Result<Pdu> {
+        pdu::check_draft(draft)?;
+        let prepared = super::joins::prepare(self, state, draft).await?;
+        let draft = prepared.as_ref().unwrap_or(draft);
+        let (pdu, _, allowed) = self.build(state, draft, storage::now_ms()).await?;
+        allowed?;
+        Ok(pdu)
+    }
+
+    /// Appends a PDU another server sent (checked already for format,
+    /// signatures and hash: `federation::incoming`) at the head of the line,
+    /// after the same authorisation as a local event: against its own auth
+    /// events, then against the room's current state. Its prev events must all
+    /// be on the line. An event already stored appends nothing. With
+    /// `forward`, the event is queued for the other servers in the room (an
+    /// event that reached us alone: a join or leave through us).
+    pub async fn append_remote(&mut self, state: &AppState, pdu: Pdu, forward: bool) -> Result<Appended> {
+        if let Some(stored) = events::by_id_tx(self.tx.conn(), pdu.event_id.as_str()).await? {
+            return Ok(Appended { pdu, seq: stored.seq, is_new: false });
+        }
+        if pdu.room_id.as_deref() != Some(&*self.room_id) && pdu.kind != TimelineEventType::RoomCreate {
+            return Err(Error::BadJson("The event belongs to another room".into()));
+        }
+        let draft = pdu.as_draft()?;
+        pdu::check_draft(&draft)?;
+        for prev in &pdu.prev_events {
+            if events::by_id_tx(self.tx.conn(), prev.as_str())
+                .await?
+                .is_none_or(|e| e.room_id != self.room_id.as_str())
+            {
+                return Err(Error::MissingPrevEvents(format!("Previous event {prev} is not known")));
+            }
+        }
+        for id in &pdu.auth_events {
+            if self.by_id.contains_key(id) {
+                continue;
+            }
+            let stored = events::by_id_tx(self.tx.conn(), id.as_str())
+                .await?
+                .filter(|e| e.room_id == self.room_id.as_str())
+                .ok_or_else(|| Error::Forbidden(format!("Auth event {id} is not known")))?;
+            let auth = Pdu::from_stored(&stored.event_id, &stored.json)?;
+            self.by_id.insert(auth.event_id.clone(), auth);
+        }
+        let auth_types = ruma::state_res::auth_types_for_event(
+            &pdu.kind,
+            &pdu.sender,
+            pdu.state_key.as_deref(),
+            &pdu.content,
+            &self.rules.authorization,
+        )
+        .map_err(|e| Error::BadJson(format!("Invalid event: {e}")))?;
+        for (state_type, state_key) in &auth_types {
+            self.state_event(&state_type.to_string(), state_key).await?;
+        }
+        self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
+        let redacts = super::redaction::target(&self.rules, &pdu)?;
+        self.check(&pdu, &draft, redacts.as_ref()).await??;
+        let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
+        self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await
+    }
+
+    /// Puts an authorised event at the head of the line: next seq, stream
+    /// position, state, ranges, the servers in the room, the outgoing queue
+    /// (with `forward`: to every server in the room but ours and the sender's).
+    #[allow(clippy::too_many_arguments)]
+    async fn place(
+        &mut self,
+        state: &AppState,
+        draft: &Draft,
+        pdu: Pdu,
+        redacts: Option<&OwnedEventId>,
+        txn: Option<&ClientTxn>,
+        origin_server_ts: i64,
+        forward: bool,
+    ) -> Result<Appended> {
+        let sender = draft.sender.as_str();
         let seq = self.last_seq + 1;
         let membership_change = match (&draft.state_key, member_value(&draft.kind, &draft.content)) {
             (Some(target), Some(new)) => {
@@ -288,7 +413,7 @@ impl RoomWriter {
             event_type: &draft.kind,
             state_key: draft.state_key.as_deref(),
             sender,
-            origin_server_ts: now,
+            origin_server_ts,
             json: &json,
             txn: txn.map(|t| (t.device_id.as_str(), t.txn_id.as_str())),
             membership: member_value(&draft.kind, &draft.content),
@@ -306,17 +431,43 @@ impl RoomWriter {
             )
             .await?;
         }
+        let our_name = state.settings.server_name.as_str();
+        let federating = state.settings.federation.is_some() && forward;
+        let mut destinations = if federating { self.servers_in_room().await? } else { Vec::new() };
         if let Some((target, old, new)) = &membership_change {
             self.update_ranges(target, old, new, seq).await?;
+            self.update_servers(target, old, new).await?;
+            if federating {
+                // Servers that join with this event, and the target's (an
+                // invite, a kick, a ban) hear of it too.
+                destinations.extend(self.servers_in_room().await?);
+                destinations.extend(target.split_once(':').map(|(_, server)| server.to_owned()));
+            }
         }
-        if let Some(target) = &redacts {
+        destinations.retain(|server| server != our_name && server != pdu.sender.server_name().as_str());
+        destinations.sort_unstable();
+        destinations.dedup();
+        if !destinations.is_empty() {
+            crate::storage::federation::enqueue(
+                self.tx.conn(),
+                &destinations,
+                self.room_id.as_str(),
+                pdu.event_id.as_str(),
+            )
+            .await?;
+            self.destinations.extend(destinations);
+        }
+        if let Some(target) = redacts {
             events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
         }
         self.reservations.push(reservation);
         self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));
         self.last_seq = seq;
-        self.max_depth = i64::try_from(pdu.depth).unwrap_or(i64::MAX);
-        self.extremities = vec![pdu.event_id.clone()];
+        self.max_depth = self.max_depth.max(i64::try_from(pdu.depth).unwrap_or(i64::MAX));
+        // The new event replaces the extremities it points at (all of them
+        // for a local event; a remote one may leave others standing).
+        self.extremities.retain(|e| !pdu.prev_events.contains(e));
+        self.extremities.push(pdu.event_id.clone());
         self.by_id.insert(pdu.event_id.clone(), pdu.clone());
         if let Some(state_key) = &draft.state_key {
             self.state.insert((draft.kind.clone(), state_key.clone()), Some(pdu.clone()));
@@ -389,6 +540,31 @@ impl RoomWriter {
         Ok(())
     }
 
+    /// The servers with a user joined to the room now (ours among them), as
+    /// this transaction sees it.
+    async fn servers_in_room(&mut self) -> Result<Vec<String>> {
+        if self.servers.is_none() {
+            let all =
+                crate::storage::federation::servers_in_room_tx(self.tx.conn(), self.room_id.as_str()).await?;
+            self.servers = Some(all);
+        }
+        Ok(self.servers.clone().unwrap_or_default())
+    }
+
+    /// Keeps the count of each server's joined users in step with a
+    /// membership change (and the servers this writer knows of).
+    async fn update_servers(&mut self, user: &str, old: &str, new: &str) -> Result<()> {
+        let delta = match (old == "join", new == "join") {
+            (true, false) => -1,
+            (false, true) => 1,
+            _ => return Ok(()),
+        };
+        let server = user.split_once(':').map_or("", |(_, s)| s);
+        crate::storage::federation::add_joined(self.tx.conn(), self.room_id.as_str(), server, delta).await?;
+        self.servers = None;
+        Ok(())
+    }
+
     /// The room's pre-join window in events (`org.seqline.prejoin_window`).
     async fn prejoin_window(&mut self) -> Result<i64> {
         Ok(match self.state_event(PREJOIN_WINDOW_TYPE, "").await? {
@@ -422,6 +598,7 @@ impl RoomWriter {
             mut tx,
             state,
             by_id,
+            destinations,
             ..
         } = self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
@@ -429,7 +606,7 @@ impl RoomWriter {
             .await?;
         tx.commit().await?;
         drop(reservations);
-        Ok((Committed { room_id, appended }, StateCache::new(last_seq, state, by_id)))
+        Ok((Committed { room_id, appended, destinations }, StateCache::new(last_seq, state, by_id)))
     }
 
     /// Ends the write without committing anything, keeping what it loaded.
@@ -468,6 +645,8 @@ const MAX_CACHED_STATE: usize = 10_000;
 struct Committed {
     room_id: OwnedRoomId,
     appended: Option<(i64, i64)>,
+    /// Servers with new events queued for them.
+    destinations: std::collections::BTreeSet<String>,
 }
 
 impl Committed {
@@ -476,7 +655,8 @@ impl Committed {
     /// turn the answer into an error (the client would retry a send that
     /// succeeded).
     async fn announce(self, state: &AppState) {
-        let Committed { room_id, appended } = self;
+        let Committed { room_id, appended, destinations } = self;
+        crate::federation::sender::wake(state, destinations.iter().map(String::as_str));
         let Some((lo, hi)) = appended else { return };
         let users = match memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await {
             Ok(users) => users,
@@ -534,9 +714,17 @@ struct RoomSlot {
 }
 
 struct Job {
-    draft: Draft,
-    txn: Option<ClientTxn>,
+    work: Work,
     reply: tokio::sync::oneshot::Sender<Result<Appended>>,
+}
+
+/// What a queued append is.
+enum Work {
+    /// A local event to build, with the client transaction it belongs to.
+    Local(Draft, Option<ClientTxn>),
+    /// Another server's event, checked already, and whether to forward it
+    /// (see [`RoomWriter::append_remote`]).
+    Remote(Pdu, bool),
 }
 
 impl WriteQueue {
@@ -635,7 +823,11 @@ async fn write_batch(
     let mut answers = Vec::with_capacity(jobs.len());
     let mut jobs = jobs.into_iter();
     while let Some(job) = jobs.next() {
-        match writer.append(state, &job.draft, job.txn.as_ref()).await {
+        let result = match job.work {
+            Work::Local(draft, txn) => writer.append(state, &draft, txn.as_ref()).await,
+            Work::Remote(pdu, forward) => writer.append_remote(state, pdu, forward).await,
+        };
+        match result {
             Err(e) if e.taints_transaction() => {
                 // Part of this append may be in the transaction: nothing of
                 // the batch commits, and every request in it hears why.
@@ -688,13 +880,20 @@ pub async fn append(
     draft: &Draft,
     txn: Option<&ClientTxn>,
 ) -> Result<Appended> {
+    enqueue(state, room_id, Work::Local(draft.clone(), txn.cloned())).await
+}
+
+/// Appends another server's event (checked already for format, signatures
+/// and hash) through the room's write queue, like [`append`]; `forward`: see
+/// [`RoomWriter::append_remote`].
+pub async fn append_remote(state: &AppState, room_id: &RoomId, pdu: Pdu, forward: bool) -> Result<Appended> {
+    enqueue(state, room_id, Work::Remote(pdu, forward)).await
+}
+
+async fn enqueue(state: &AppState, room_id: &RoomId, work: Work) -> Result<Appended> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     let slot = state.write_queue.slot(room_id);
-    slot.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Job {
-        draft: draft.clone(),
-        txn: txn.cloned(),
-        reply,
-    });
+    slot.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Job { work, reply });
     tokio::spawn(write_queued(state.clone(), room_id.to_owned(), slot));
     answer.await.unwrap_or_else(|_| Err(Error::Internal("the room write was dropped".into())))
 }

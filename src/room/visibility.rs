@@ -206,6 +206,31 @@ pub fn visible(inputs: &Inputs<'_>) -> SeqRanges {
     SeqRanges::from_unsorted(parts).clamp(inputs.floor.max(1), inputs.last_seq)
 }
 
+/// The seqs another server may be sent (Synapse's rule for servers, by the
+/// same interval arithmetic): `rows` are the ranges of every user of that
+/// server, and the server is in the room now (it is refused before this
+/// otherwise). `world_readable` and `shared` stretches: all of them;
+/// `invited` stretches: inside its users' invites and stays; `joined`: inside
+/// their stays. Each of its users' own membership events counts as for that
+/// user. Outside what this answers, events go out redacted.
+pub fn server_visible(rows: &[Range], hv: &HvLine, last_seq: i64, floor: i64) -> SeqRanges {
+    // Its users' own rules, with `shared` open to the end (the server is in
+    // the room now), and `invited` read through invites and stays alike.
+    let mut parts = visible(&Inputs { ranges: rows, hv, last_seq, floor }).0;
+    for &(lo, hi, value) in &hv.segments(last_seq) {
+        match value {
+            Hv::WorldReadable | Hv::Shared => parts.push((lo, hi)),
+            Hv::Invited => {
+                for row in rows.iter().filter(|r| r.kind == "join") {
+                    parts.push((lo.max(row.min_seq), hi.min(row.max_seq.unwrap_or(last_seq))));
+                }
+            }
+            Hv::Joined => {}
+        }
+    }
+    SeqRanges::from_unsorted(parts).clamp(floor.max(1), last_seq)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +367,27 @@ mod tests {
         assert_eq!(r.descending_from(11).collect::<Vec<_>>(), vec![(10, 11), (1, 7)]);
         assert_eq!(r.ascending_from(6).collect::<Vec<_>>(), vec![(6, 7), (10, 12)]);
         assert_eq!(r.clamp(2, 10).0, vec![(2, 7), (10, 10)]);
+    }
+
+    #[test]
+    fn servers_read_by_the_union_of_their_users_rows() {
+        // joined until 10, shared from 10 on; one user of the server joined
+        // at 5 and left at 8, another was invited at 12 and joined at 15.
+        let hv = HvLine { changes: vec![(0, Hv::Joined), (10, Hv::Shared)] };
+        let rows = [stay(5, Some(8)), invite(12, Some(15)), stay(15, None)];
+        let seen = server_visible(&rows, &hv, 20, 0);
+        // 5..=8: the first stay; 10..=20: shared while the server is in the room.
+        assert_eq!(seen, SeqRanges(vec![(5, 8), (10, 20)]));
+        // A room floor cuts it.
+        assert_eq!(server_visible(&rows, &hv, 20, 12), SeqRanges(vec![(12, 20)]));
+        // `invited`: from the invite on, not before.
+        let hv = HvLine { changes: vec![(0, Hv::Invited)] };
+        assert_eq!(
+            server_visible(&[invite(12, Some(15)), stay(15, None)], &hv, 20, 0),
+            SeqRanges(vec![(12, 20)])
+        );
+        // `joined` with no stays: only the end of an invite (its answer).
+        let hv = HvLine { changes: vec![(0, Hv::Joined)] };
+        assert_eq!(server_visible(&[invite(3, Some(4))], &hv, 20, 0), SeqRanges(vec![(4, 4)]));
     }
 }

@@ -28,14 +28,17 @@ pub async fn open(
     seq: i64,
     window_seq: i64,
 ) -> Result<()> {
+    let server_name = user_id.split_once(':').map_or("", |(_, server)| server);
     sqlx::query(
-        "INSERT INTO memberships (room_id, user_id, kind, min_seq, max_seq, window_seq) VALUES ($1, $2, $3, $4, NULL, $5)",
+        "INSERT INTO memberships (room_id, user_id, kind, min_seq, max_seq, window_seq, server_name) \
+         VALUES ($1, $2, $3, $4, NULL, $5, $6)",
     )
     .bind(room_id)
     .bind(user_id)
     .bind(kind)
     .bind(seq)
     .bind(window_seq)
+    .bind(server_name)
     .execute(conn)
     .await?;
     Ok(())
@@ -70,10 +73,13 @@ pub async fn ranges(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<Range>>
     .bind(user_id)
     .fetch_all(&db.pool)
     .await?;
-    Ok(rows
-        .into_iter()
+    Ok(to_ranges(rows))
+}
+
+fn to_ranges(rows: Vec<(String, i64, Option<i64>, i64)>) -> Vec<Range> {
+    rows.into_iter()
         .map(|(kind, min_seq, max_seq, window_seq)| Range { kind, min_seq, max_seq, window_seq })
-        .collect())
+        .collect()
 }
 
 /// Users whose stays hold `seq`: who receives the event at `seq`.
@@ -173,4 +179,18 @@ pub async fn rooms_of(db: &Db, user_id: &str) -> Result<Vec<String>> {
         .bind(user_id)
         .fetch_all(&db.pool)
         .await?)
+}
+
+/// Every range of every user of `server_name` in a room (what decides what
+/// that server may be sent), by start.
+pub async fn server_ranges(db: &Db, room_id: &str, server_name: &str) -> Result<Vec<Range>> {
+    let rows: Vec<(String, i64, Option<i64>, i64)> = sqlx::query_as(
+        "SELECT kind, min_seq, max_seq, window_seq FROM memberships WHERE room_id = $1 AND server_name = $2 \
+         ORDER BY min_seq",
+    )
+    .bind(room_id)
+    .bind(server_name)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(to_ranges(rows))
 }

@@ -12,6 +12,7 @@ pub mod aliases;
 pub mod backup;
 pub mod devices;
 pub mod events;
+pub mod federation;
 pub mod keys;
 pub mod media;
 pub mod memberships;
@@ -154,6 +155,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (14, "pusher_device", include_str!("../../migrations/sqlite/0014_pusher_device.sql")),
     (15, "room_summaries", include_str!("../../migrations/sqlite/0015_room_summaries.sql")),
     (16, "server_keys", include_str!("../../migrations/sqlite/0016_server_keys.sql")),
+    (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -173,6 +175,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (14, "pusher_device", include_str!("../../migrations/postgres/0014_pusher_device.sql")),
     (15, "room_summaries", include_str!("../../migrations/postgres/0015_room_summaries.sql")),
     (16, "server_keys", include_str!("../../migrations/postgres/0016_server_keys.sql")),
+    (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
 ];
 
 impl Db {

@@ -19,10 +19,16 @@ use ruma::api::path_builder::PathBuilder;
 use ruma::api::{IncomingRequest, Metadata};
 use ruma::{OwnedServerName, ServerName, UserId};
 
+mod rooms;
+
 use super::extract::RumaResponse;
 use crate::error::{Error, Result};
 use crate::federation::keys;
 use crate::state::AppState;
+
+/// The largest body the federation listener reads (at least: the client
+/// API's limit counts when it is larger).
+const MAX_FEDERATION_BODY_BYTES: usize = 12 * 1024 * 1024;
 
 /// Whether an endpoint's auth scheme asks for an X-Matrix signature.
 pub trait FederationAuth {
@@ -58,14 +64,19 @@ where
     async fn from_request(req: Request, state: &AppState) -> Result<Self> {
         let (mut parts, body) = req.into_parts();
         let path_args = super::extract::path_args(&mut parts, state).await?;
-        let bytes = super::extract::limited_body(state, &parts, body).await?;
+        // A transaction may hold 50 PDUs of up to 64 KiB and 100 EDUs.
+        let limit = state.settings.max_request_body_bytes.max(MAX_FEDERATION_BODY_BYTES);
+        let bytes = super::extract::limited_body_to(state, &parts, body, limit).await?;
         // The same body rules as the client API (UTF-8 JSON, no duplicate
         // keys, bounded nesting and numbers), checked before the signature.
         if !bytes.is_empty() {
             super::extract::check_json(&bytes)?;
         }
         let origin = if <T::Authentication as FederationAuth>::SIGNED {
-            Some(authenticate(state, &parts, &bytes).await?)
+            let origin = authenticate(state, &parts, &bytes).await?;
+            // It reached us: whatever we queued for it may go now.
+            crate::federation::sender::contact_from(state, &origin).await;
+            Some(origin)
         } else {
             None
         };
@@ -138,6 +149,17 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, version);
     let router = route(router, query_profile);
     let router = route(router, query_directory);
+    let router = route(router, rooms::make_join);
+    let router = route(router, rooms::send_join);
+    let router = route(router, rooms::make_leave);
+    let router = route(router, rooms::send_leave);
+    let router = route(router, rooms::send_transaction);
+    let router = route(router, rooms::event);
+    let router = route(router, rooms::room_state);
+    let router = route(router, rooms::room_state_ids);
+    let router = route(router, rooms::event_auth);
+    let router = route(router, rooms::backfill);
+    let router = route(router, rooms::missing_events);
     router
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })

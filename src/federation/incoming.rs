@@ -1,0 +1,187 @@
+//! Events other servers send us: each PDU is checked before anything stores
+//! it (size, format for its room's version, event id, the signatures of
+//! every server that must have signed it, content hash: a mismatch keeps the
+//! redacted copy, as the spec says), then goes through the room's write
+//! queue like a local event (`RoomWriter::append_remote`: auth against its
+//! auth events and the current state, placed at the head). Transactions
+//! (`/send`) are answered per PDU and remembered, so a retry changes nothing.
+
+use std::collections::BTreeMap;
+
+use ruma::canonical_json::CanonicalJsonObject;
+use ruma::room_version_rules::{EventIdFormatVersion, RoomVersionRules};
+use ruma::signatures::{PublicKeyMap, Verified};
+use ruma::{EventId, OwnedEventId, OwnedRoomId, RoomId, ServerName};
+use serde_json::value::RawValue as RawJsonValue;
+
+use crate::error::{Error, Result};
+use crate::room::pdu::{MAX_PDU_BYTES, Pdu};
+use crate::state::AppState;
+use crate::storage::{self, federation as store, rooms};
+
+/// Most PDUs in one received transaction (the spec's limit).
+pub const MAX_PDUS: usize = 50;
+
+/// Most EDUs in one received transaction (the spec's limit).
+pub const MAX_EDUS: usize = 100;
+
+/// Checks a PDU of a room of version `rules` another server sent: size,
+/// format, event id, signatures (keys fetched as needed), content hash.
+/// Answers the PDU as it will be stored (without `unsigned`; redacted when
+/// its content does not match its hash).
+pub async fn check_pdu(state: &AppState, rules: &RoomVersionRules, raw: &RawJsonValue) -> Result<Pdu> {
+    if raw.get().len() > MAX_PDU_BYTES {
+        return Err(Error::TooLarge(format!("The event is larger than {MAX_PDU_BYTES} bytes")));
+    }
+    let mut object: CanonicalJsonObject = serde_json::from_str(raw.get())
+        .map_err(|e| Error::BadJson(format!("The event is not canonical JSON: {e}")))?;
+    object.remove("unsigned");
+    ruma::state_res::check_pdu_format(&object, &rules.event_format)
+        .map_err(|e| Error::BadJson(format!("The event is not a valid PDU: {e}")))?;
+    let event_id = event_id(&object, rules)?;
+    let keys = signing_keys(state, &object, rules).await?;
+    let object = match ruma::signatures::verify_event(&keys, &object, rules) {
+        Ok(Verified::All) => object,
+        // The signatures hold but the content was changed: keep the redacted copy.
+        Ok(Verified::Signatures) => ruma::canonical_json::redact(object, &rules.redaction, None)
+            .map_err(|e| Error::BadJson(format!("The event cannot be redacted: {e}")))?,
+        Err(e) => return Err(Error::InvalidSignature(format!("The event's signatures do not verify: {e}"))),
+    };
+    Pdu::from_checked(event_id, &object)
+}
+
+/// The event id of a PDU in its room's version: the `event_id` field in
+/// versions 1 and 2, the reference hash after.
+pub fn event_id(object: &CanonicalJsonObject, rules: &RoomVersionRules) -> Result<OwnedEventId> {
+    if rules.event_id_format == EventIdFormatVersion::V1 {
+        let id = object.get("event_id").and_then(|v| v.as_str()).unwrap_or_default();
+        return EventId::parse(id).map_err(|e| Error::BadJson(format!("Invalid event_id: {e}")));
+    }
+    let hash = ruma::signatures::reference_hash(object, rules)
+        .map_err(|e| Error::BadJson(format!("Cannot compute the event id: {e}")))?;
+    EventId::parse(format!("${hash}")).map_err(|e| Error::Internal(format!("event id: {e}")))
+}
+
+/// The keys of every server whose signature the event needs.
+async fn signing_keys(
+    state: &AppState,
+    object: &CanonicalJsonObject,
+    rules: &RoomVersionRules,
+) -> Result<PublicKeyMap> {
+    let servers = ruma::signatures::required_server_signatures_to_verify_event(object, &rules.signatures)
+        .map_err(|e| Error::BadJson(format!("Cannot tell who must have signed the event: {e}")))?;
+    let signatures = object.get("signatures").and_then(|s| s.as_object());
+    let mut map = PublicKeyMap::new();
+    for server in servers {
+        let wanted = signatures
+            .and_then(|s| s.get(server.as_str()))
+            .and_then(|s| s.as_object())
+            .and_then(|s| s.keys().next().cloned())
+            .ok_or_else(|| Error::InvalidSignature(format!("The event is not signed by {server}")))?;
+        let keys = super::keys::public_keys(state, &server, &wanted)
+            .await
+            .map_err(|e| Error::InvalidSignature(format!("Cannot get the signing keys of {server}: {e}")))?;
+        map.insert(server.to_string(), keys);
+    }
+    Ok(map)
+}
+
+/// The room a PDU names (`room_id`; a v12 create event names none).
+fn room_of(raw: &RawJsonValue) -> Option<OwnedRoomId> {
+    #[derive(serde::Deserialize)]
+    struct RoomField {
+        room_id: Option<OwnedRoomId>,
+    }
+    serde_json::from_str::<RoomField>(raw.get()).ok()?.room_id
+}
+
+/// Handles a received PDU: checked, then appended to its room. Answers the
+/// event id it has (for the per-PDU answer) and what became of it.
+async fn receive_pdu(
+    state: &AppState,
+    origin: &ServerName,
+    raw: &RawJsonValue,
+) -> (Option<OwnedEventId>, Result<()>) {
+    let Some(room_id) = room_of(raw) else {
+        return (None, Err(Error::BadJson("The event names no room".into())));
+    };
+    let room = match rooms::get(&state.db, room_id.as_str()).await {
+        Ok(Some(room)) => room,
+        Ok(None) => return (None, Err(Error::NotFound(format!("Room {room_id} is not known here")))),
+        Err(e) => return (None, Err(e)),
+    };
+    let rules = match crate::room::rules_for(&room.room_version) {
+        Ok((_, rules)) => rules,
+        Err(e) => return (None, Err(e)),
+    };
+    let pdu = match check_pdu(state, &rules, raw).await {
+        Ok(pdu) => pdu,
+        Err(e) => {
+            // The id, where it can be told, so the sender learns which event failed.
+            let id = serde_json::from_str::<CanonicalJsonObject>(raw.get()).ok().and_then(|mut o| {
+                o.remove("unsigned");
+                event_id(&o, &rules).ok()
+            });
+            return (id, Err(e));
+        }
+    };
+    let event_id = pdu.event_id.clone();
+    let result = accept(state, origin, &room_id, pdu).await;
+    (Some(event_id), result)
+}
+
+/// Appends a checked PDU of a room we are in.
+async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pdu) -> Result<()> {
+    // A server joins through send_join; after that it must be in the room
+    // to send to it (its own users' member events aside).
+    let own_member_event =
+        pdu.kind == ruma::events::TimelineEventType::RoomMember && pdu.sender.server_name() == origin;
+    if !own_member_event && !store::server_in_room(&state.db, room_id.as_str(), origin.as_str()).await? {
+        return Err(Error::Forbidden(format!("{origin} is not in room {room_id}")));
+    }
+    crate::room::timeline::append_remote(state, room_id, pdu, false).await.map(|_| ())
+}
+
+/// The answer to one transaction: per PDU, `{}` or `{"error": ...}`.
+pub type PduResults = BTreeMap<OwnedEventId, std::result::Result<(), String>>;
+
+/// Handles `PUT /send/{txnId}` from `origin`: a transaction seen before gets
+/// the answer it got then; otherwise each PDU is handled in order (EDUs are
+/// not taken yet) and the answer is remembered.
+pub async fn transaction(
+    state: &AppState,
+    origin: &ServerName,
+    txn_id: &str,
+    pdus: &[Box<RawJsonValue>],
+    edus: usize,
+) -> Result<PduResults> {
+    if pdus.len() > MAX_PDUS || edus > MAX_EDUS {
+        return Err(Error::BadJson(format!(
+            "A transaction holds at most {MAX_PDUS} PDUs and {MAX_EDUS} EDUs"
+        )));
+    }
+    if let Some(saved) = store::inbound_txn(&state.db, origin.as_str(), txn_id).await? {
+        let saved: BTreeMap<OwnedEventId, Option<String>> =
+            serde_json::from_str(&saved).map_err(|e| Error::Internal(format!("saved transaction: {e}")))?;
+        return Ok(saved.into_iter().map(|(id, e)| (id, e.map_or(Ok(()), Err))).collect());
+    }
+    let mut results = PduResults::new();
+    for raw in pdus {
+        let (id, result) = receive_pdu(state, origin, raw).await;
+        if let Err(e) = &result {
+            tracing::info!(%origin, event_id = ?id, "refused a PDU: {e}");
+            if e.taints_transaction() {
+                // Our failure, not the event's: the sender retries the transaction.
+                return Err(Error::Internal(format!("cannot take the transaction: {e}")));
+            }
+        }
+        if let Some(id) = id {
+            results.insert(id, result.map_err(|e| e.to_string()));
+        }
+    }
+    let saved: BTreeMap<&OwnedEventId, Option<&String>> =
+        results.iter().map(|(id, r)| (id, r.as_ref().err())).collect();
+    let saved = serde_json::to_string(&saved).map_err(|e| Error::Internal(e.to_string()))?;
+    store::save_inbound_txn(&state.db, origin.as_str(), txn_id, &saved, storage::now_ms()).await?;
+    Ok(results)
+}

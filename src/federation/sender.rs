@@ -1,0 +1,216 @@
+//! The outgoing side of federation: our events go to every server in their
+//! room through a durable queue per destination (`fed_outbox`, written in
+//! the transaction that stores the event, so nothing committed is lost to a
+//! crash). One task per destination sends transactions of at most
+//! [`MAX_PDUS`] events; a failed transaction is retried with the same id and
+//! the same events after a backoff that doubles per failure (from
+//! [`FIRST_BACKOFF_MS`] up to [`MAX_BACKOFF_MS`]) and is forgotten as soon as
+//! the destination proves reachable (it answers, or it calls us).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ruma::api::federation::transactions::send_transaction_message;
+use ruma::{MilliSecondsSinceUnixEpoch, OwnedServerName, OwnedTransactionId, UInt};
+
+use crate::state::AppState;
+use crate::storage::{self, events, federation as store};
+
+/// Most PDUs in one transaction (the spec's limit).
+pub const MAX_PDUS: i64 = 50;
+
+/// The first wait after a failure.
+const FIRST_BACKOFF_MS: i64 = 2_000;
+
+/// The longest wait between attempts.
+const MAX_BACKOFF_MS: i64 = 3_600_000;
+
+/// The wait after `failures` failures in a row.
+fn backoff_ms(failures: i64) -> i64 {
+    let doublings = u32::try_from((failures - 1).clamp(0, 30)).unwrap_or(30);
+    FIRST_BACKOFF_MS.saturating_mul(1i64 << doublings).min(MAX_BACKOFF_MS)
+}
+
+/// The destinations a sending task runs for, and those woken while it ran
+/// (so a wake-up between its last look at the queue and its exit is not
+/// lost).
+#[derive(Debug, Default)]
+pub struct Sender {
+    running: Mutex<HashMap<OwnedServerName, bool>>,
+}
+
+impl Sender {
+    /// Marks `destination` to be (re)examined; answers true when no task runs
+    /// for it (the caller starts one).
+    fn claim(&self, destination: &OwnedServerName) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get_mut(destination) {
+            Some(woken) => {
+                *woken = true;
+                false
+            }
+            None => {
+                running.insert(destination.clone(), false);
+                true
+            }
+        }
+    }
+
+    /// The task for `destination` found nothing to send: it ends unless it
+    /// was woken meanwhile (then it looks again).
+    fn may_end(&self, destination: &OwnedServerName) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get_mut(destination) {
+            Some(woken) if *woken => {
+                *woken = false;
+                false
+            }
+            _ => {
+                running.remove(destination);
+                true
+            }
+        }
+    }
+}
+
+/// Makes sure a task sends what is queued for each of `destinations`.
+pub fn wake<'a>(state: &AppState, destinations: impl IntoIterator<Item = &'a str>) {
+    for destination in destinations {
+        let Ok(destination) = OwnedServerName::try_from(destination) else { continue };
+        if state.federation_sender.claim(&destination) {
+            tokio::spawn(run(state.clone(), destination));
+        }
+    }
+}
+
+/// At start-up: a task for every destination with something queued.
+pub async fn resume(state: &AppState) {
+    match store::destinations_with_work(&state.db).await {
+        Ok(destinations) => wake(state, destinations.iter().map(String::as_str)),
+        Err(e) => tracing::error!("cannot read the federation queue: {e}"),
+    }
+}
+
+/// `origin` called us: if we were backing off from it, try it now.
+pub async fn contact_from(state: &AppState, origin: &ruma::ServerName) {
+    match store::reset_backoff(&state.db, origin.as_str()).await {
+        Ok(true) => wake(state, [origin.as_str()]),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(%origin, "cannot reset the backoff: {e}"),
+    }
+}
+
+/// Sends everything queued for `destination`, transaction by transaction.
+async fn run(state: AppState, destination: OwnedServerName) {
+    loop {
+        match send_next(&state, &destination).await {
+            Ok(true) => continue,
+            Ok(false) => {
+                if state.federation_sender.may_end(&destination) {
+                    return;
+                }
+            }
+            Err(retry_at) => {
+                let wait = (retry_at - storage::now_ms()).max(0);
+                tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
+            }
+        }
+    }
+}
+
+/// Sends one transaction; `Ok(false)` when nothing was queued, `Err(when)`
+/// when it failed (or the destination is backing off) and should be tried
+/// again at `when`.
+async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bool, i64> {
+    let now = storage::now_ms();
+    let failed = |e: &dyn std::fmt::Display| {
+        tracing::warn!(%destination, "federation send failed: {e}");
+    };
+    match store::retry_at(&state.db, destination.as_str()).await {
+        Ok(at) if at > now => return Err(at),
+        Ok(_) => {}
+        Err(e) => {
+            failed(&e);
+            return Err(now + FIRST_BACKOFF_MS);
+        }
+    }
+    let (txn_id, queued) = match store::next_transaction(&state.db, destination.as_str(), MAX_PDUS).await {
+        Ok(Some(next)) => next,
+        Ok(None) => return Ok(false),
+        Err(e) => {
+            failed(&e);
+            return Err(now + FIRST_BACKOFF_MS);
+        }
+    };
+    let mut pdus = Vec::with_capacity(queued.len());
+    let mut seen = HashSet::new();
+    for (_, event_id) in &queued {
+        if !seen.insert(event_id.as_str()) {
+            continue;
+        }
+        match events::by_id(&state.db, event_id).await {
+            Ok(Some(stored)) => match serde_json::value::RawValue::from_string(stored.json) {
+                Ok(raw) => pdus.push(raw),
+                Err(e) => tracing::error!(%event_id, "stored event is not JSON: {e}"),
+            },
+            Ok(None) => tracing::error!(%event_id, "queued event is gone"),
+            Err(e) => {
+                failed(&e);
+                return Err(now + FIRST_BACKOFF_MS);
+            }
+        }
+    }
+    let mut request = send_transaction_message::v1::Request::new(
+        OwnedTransactionId::from(txn_id.as_str()),
+        state.settings.server_name.clone(),
+        MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
+    );
+    request.pdus = pdus;
+    match super::send(state, destination, request).await {
+        Ok(response) => {
+            for (event_id, result) in &response.pdus {
+                if let Err(e) = result {
+                    tracing::info!(%destination, %event_id, "the destination refused our event: {e}");
+                }
+            }
+            if let Err(e) = store::transaction_sent(&state.db, destination.as_str(), &txn_id).await {
+                failed(&e);
+                return Err(now + FIRST_BACKOFF_MS);
+            }
+            Ok(true)
+        }
+        Err(e) => {
+            failed(&e);
+            let retry_at = store::transaction_failed(&state.db, destination.as_str(), now, backoff_ms)
+                .await
+                .unwrap_or(now + FIRST_BACKOFF_MS);
+            Err(retry_at)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_an_hour() {
+        assert_eq!(backoff_ms(1), 2_000);
+        assert_eq!(backoff_ms(2), 4_000);
+        assert_eq!(backoff_ms(5), 32_000);
+        assert_eq!(backoff_ms(12), MAX_BACKOFF_MS);
+        assert_eq!(backoff_ms(1_000), MAX_BACKOFF_MS);
+    }
+
+    #[test]
+    fn a_wake_during_a_run_keeps_the_task_going() {
+        let sender = Sender::default();
+        let dest: OwnedServerName = "other.example".try_into().unwrap();
+        assert!(sender.claim(&dest));
+        assert!(!sender.claim(&dest));
+        assert!(!sender.may_end(&dest));
+        assert!(sender.may_end(&dest));
+        assert!(sender.claim(&dest));
+    }
+}

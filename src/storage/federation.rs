@@ -1,0 +1,221 @@
+//! Federation tables: which servers are in each room (`room_servers`), the
+//! durable outgoing queue (`fed_outbox`, `fed_destinations`) and the
+//! transactions received (`fed_inbound_txns`).
+
+use sqlx::AnyConnection;
+
+use super::Db;
+use crate::error::Result;
+
+/// Adds `delta` to the number of `server_name`'s users joined to a room.
+pub async fn add_joined(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    server_name: &str,
+    delta: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO room_servers (room_id, server_name, joined) VALUES ($1, $2, $3) \
+         ON CONFLICT (room_id, server_name) DO UPDATE SET joined = room_servers.joined + $3",
+    )
+    .bind(room_id)
+    .bind(server_name)
+    .bind(delta)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The servers with a user joined to the room, in name order.
+pub async fn servers_in_room_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT server_name FROM room_servers WHERE room_id = $1 AND joined > 0 ORDER BY server_name",
+    )
+    .bind(room_id)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// [`servers_in_room_tx`] outside a transaction.
+pub async fn servers_in_room(db: &Db, room_id: &str) -> Result<Vec<String>> {
+    let mut conn = db.pool.acquire().await?;
+    servers_in_room_tx(&mut conn, room_id).await
+}
+
+/// Whether `server_name` has a user joined to the room now.
+pub async fn server_in_room(db: &Db, room_id: &str, server_name: &str) -> Result<bool> {
+    let joined: Option<i64> =
+        sqlx::query_scalar("SELECT joined FROM room_servers WHERE room_id = $1 AND server_name = $2")
+            .bind(room_id)
+            .bind(server_name)
+            .fetch_optional(&db.pool)
+            .await?;
+    Ok(joined.is_some_and(|n| n > 0))
+}
+
+/// Queues `event_id` for each of `destinations`.
+pub async fn enqueue(
+    conn: &mut AnyConnection,
+    destinations: &[String],
+    room_id: &str,
+    event_id: &str,
+) -> Result<()> {
+    for destination in destinations {
+        sqlx::query("INSERT INTO fed_outbox (destination, room_id, event_id) VALUES ($1, $2, $3)")
+            .bind(destination)
+            .bind(room_id)
+            .bind(event_id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The destinations with something queued.
+pub async fn destinations_with_work(db: &Db) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT DISTINCT destination FROM fed_outbox").fetch_all(&db.pool).await?)
+}
+
+/// The transaction to send to `destination` next: the one already begun
+/// (a retry: same id, same events), else up to `limit` queued events, taken
+/// under a new id (the first row's id, never reused). `None` when nothing
+/// is queued. Events are (room id, event id), in queue order.
+pub async fn next_transaction(
+    db: &Db,
+    destination: &str,
+    limit: i64,
+) -> Result<Option<(String, Vec<(String, String)>)>> {
+    let mut tx = db.begin_write().await?;
+    let begun: Option<String> = sqlx::query_scalar(
+        "SELECT txn_id FROM fed_outbox WHERE destination = $1 AND txn_id IS NOT NULL ORDER BY id LIMIT 1",
+    )
+    .bind(destination)
+    .fetch_optional(tx.conn())
+    .await?;
+    let txn_id = match begun {
+        Some(id) => id,
+        None => {
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2",
+            )
+            .bind(destination)
+            .bind(limit)
+            .fetch_all(tx.conn())
+            .await?;
+            let (Some(first), Some(last)) = (ids.first(), ids.last()) else { return Ok(None) };
+            let txn_id = first.to_string();
+            sqlx::query(
+                "UPDATE fed_outbox SET txn_id = $1 WHERE destination = $2 AND txn_id IS NULL AND id >= $3 AND id <= $4",
+            )
+            .bind(&txn_id)
+            .bind(destination)
+            .bind(first)
+            .bind(last)
+            .execute(tx.conn())
+            .await?;
+            txn_id
+        }
+    };
+    let events: Vec<(String, String)> = sqlx::query_as(
+        "SELECT room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
+    )
+    .bind(destination)
+    .bind(&txn_id)
+    .fetch_all(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(Some((txn_id, events)))
+}
+
+/// The destination accepted transaction `txn_id`: its rows go, and the
+/// destination's failures are forgotten.
+pub async fn transaction_sent(db: &Db, destination: &str, txn_id: &str) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    sqlx::query("DELETE FROM fed_outbox WHERE destination = $1 AND txn_id = $2")
+        .bind(destination)
+        .bind(txn_id)
+        .execute(tx.conn())
+        .await?;
+    sqlx::query("DELETE FROM fed_destinations WHERE server_name = $1")
+        .bind(destination)
+        .execute(tx.conn())
+        .await?;
+    tx.commit().await
+}
+
+/// A send to `destination` failed: counts the failure and sets when to try
+/// again; answers that time (ms since the epoch).
+pub async fn transaction_failed(
+    db: &Db,
+    destination: &str,
+    now: i64,
+    backoff: impl Fn(i64) -> i64,
+) -> Result<i64> {
+    let mut tx = db.begin_write().await?;
+    let failures: i64 = sqlx::query_scalar("SELECT failures FROM fed_destinations WHERE server_name = $1")
+        .bind(destination)
+        .fetch_optional(tx.conn())
+        .await?
+        .unwrap_or(0)
+        + 1;
+    let retry_at = now + backoff(failures);
+    sqlx::query(
+        "INSERT INTO fed_destinations (server_name, failures, retry_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (server_name) DO UPDATE SET failures = $2, retry_at = $3",
+    )
+    .bind(destination)
+    .bind(failures)
+    .bind(retry_at)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(retry_at)
+}
+
+/// When `destination` may be tried again (0: now).
+pub async fn retry_at(db: &Db, destination: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT retry_at FROM fed_destinations WHERE server_name = $1")
+        .bind(destination)
+        .fetch_optional(&db.pool)
+        .await?
+        .unwrap_or(0))
+}
+
+/// `destination` proved reachable (it called us): it may be tried now.
+/// Answers whether it was backing off.
+pub async fn reset_backoff(db: &Db, destination: &str) -> Result<bool> {
+    let done = sqlx::query("DELETE FROM fed_destinations WHERE server_name = $1")
+        .bind(destination)
+        .execute(&db.pool)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// The answer given to transaction `txn_id` of `origin`, if it was received.
+pub async fn inbound_txn(db: &Db, origin: &str, txn_id: &str) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar("SELECT response FROM fed_inbound_txns WHERE origin = $1 AND txn_id = $2")
+        .bind(origin)
+        .bind(txn_id)
+        .fetch_optional(&db.pool)
+        .await?)
+}
+
+/// Remembers the answer to a transaction (and forgets those older than a day).
+pub async fn save_inbound_txn(db: &Db, origin: &str, txn_id: &str, response: &str, now: i64) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    sqlx::query("DELETE FROM fed_inbound_txns WHERE ts < $1")
+        .bind(now - 24 * 3600 * 1000)
+        .execute(tx.conn())
+        .await?;
+    sqlx::query(
+        "INSERT INTO fed_inbound_txns (origin, txn_id, response, ts) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (origin, txn_id) DO NOTHING",
+    )
+    .bind(origin)
+    .bind(txn_id)
+    .bind(response)
+    .bind(now)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await
+}
