@@ -5,3 +5,4 @@ pub mod api;
 pub mod e2ee;
 pub mod federation;
 pub mod harness;
+pub mod synapse;
