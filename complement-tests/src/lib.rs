@@ -1,6 +1,9 @@
-//! Black-box test support: the server harness and request helpers.
+//! Black-box test support: the server harness, request helpers, federation
+//! helpers and a real Synapse as a federation peer.
 
 pub mod api;
 pub mod e2ee;
+pub mod federation;
 pub mod harness;
 pub mod pdu;
+pub mod synapse;

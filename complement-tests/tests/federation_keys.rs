@@ -5,13 +5,12 @@
 //! server's key; X-Matrix requests are accepted only when signed by the
 //! origin's key for this destination over this request.
 
-use std::path::Path;
-
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use complement_tests::backend_tests;
-use complement_tests::harness::{Backend, Options, Server, binary};
-use ed25519_dalek::{Signer, SigningKey, Verifier, VerifyingKey};
+use complement_tests::federation::{FedServer, free_port, make_certificate, now_ms, verify, x_matrix};
+use complement_tests::harness::{Backend, binary};
+use ed25519_dalek::SigningKey;
 use serde_json::{Value, json};
 
 backend_tests!(
@@ -21,156 +20,6 @@ backend_tests!(
     remote_profiles_are_asked_of_their_server,
     remote_aliases_are_asked_of_their_server,
 );
-
-/// A seqline server with a federation listener.
-struct FedServer {
-    server: Server,
-    /// `127.0.0.1:<federation port>`, also the server name.
-    name: String,
-    https: reqwest::Client,
-    /// The certificate and key (kept for restarts, removed on drop).
-    cert_dir: std::path::PathBuf,
-}
-
-impl Drop for FedServer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.cert_dir);
-    }
-}
-
-/// A free port on loopback (bound and released: the server name must carry
-/// the federation port before the server starts).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A self-signed certificate for 127.0.0.1 and localhost (P-256), made with
-/// the openssl command; returns the certificate and key paths.
-fn make_certificate(dir: &Path) -> (String, String) {
-    std::fs::create_dir_all(dir).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let status = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
-        .args([
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("run openssl");
-    assert!(status.success(), "openssl req failed");
-    (cert.display().to_string(), key.display().to_string())
-}
-
-impl FedServer {
-    async fn start(backend: &Backend) -> Self {
-        let port = free_port();
-        let name = format!("127.0.0.1:{port}");
-        let dir = std::env::temp_dir().join(format!("seqline-fed-cert-{}-{port}", std::process::id()));
-        let (cert, key) = make_certificate(&dir);
-        let options = Options::default()
-            .env("SEQLINE_SERVER_NAME", &name)
-            .env("SEQLINE_LISTEN_FEDERATION", &name)
-            .env("SEQLINE_TLS_CERT", &cert)
-            .env("SEQLINE_TLS_KEY", &key)
-            .env("SEQLINE_FEDERATION_VERIFY_TLS", "false")
-            .env("SEQLINE_OUTBOUND_IP_ALLOW", "127.0.0.0/8");
-        let server = Server::start_with(backend, options).await;
-        assert!(
-            server.log().contains(&format!("federation listening on https://{name}")),
-            "{}",
-            server.log()
-        );
-        let https = reqwest::Client::builder()
-            .tls_danger_accept_invalid_certs(true)
-            .timeout(std::time::Duration::from_secs(60))
-            .build()
-            .unwrap();
-        Self { server, name, https, cert_dir: dir }
-    }
-
-    /// The server's signing key from its key file: (key id, key).
-    fn signing_key(&self) -> (String, SigningKey) {
-        let line = std::fs::read_to_string(self.server.data_dir.join("signing.key")).unwrap();
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        let seed: [u8; 32] = STANDARD_NO_PAD.decode(parts[2]).unwrap().try_into().unwrap();
-        (format!("ed25519:{}", parts[1]), SigningKey::from_bytes(&seed))
-    }
-
-    /// A request to the federation listener, with an optional Authorization header.
-    async fn send(
-        &self,
-        method: &str,
-        uri: &str,
-        auth: Option<String>,
-        body: Option<&Value>,
-    ) -> (u16, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut req = self.https.request(method, format!("https://{}{uri}", self.name));
-        if let Some(auth) = auth {
-            req = req.header("Authorization", auth);
-        }
-        if let Some(body) = body {
-            req = req.json(body);
-        }
-        let response = req.send().await.expect("federation request");
-        let status = response.status().as_u16();
-        let bytes = response.bytes().await.unwrap();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
-}
-
-/// The canonical JSON of `object` without `signatures` and `unsigned`
-/// (serde_json's maps are sorted and `to_string` is compact).
-fn canonical(object: &Value) -> String {
-    let mut object = object.clone();
-    let map = object.as_object_mut().unwrap();
-    map.remove("signatures");
-    map.remove("unsigned");
-    serde_json::to_string(&object).unwrap()
-}
-
-fn verify(object: &Value, signer: &str, key_id: &str, public: &str) {
-    let sig = object["signatures"][signer][key_id]
-        .as_str()
-        .unwrap_or_else(|| panic!("no {signer} {key_id}: {object}"));
-    let sig = ed25519_dalek::Signature::from_slice(&STANDARD_NO_PAD.decode(sig).unwrap()).unwrap();
-    let public: [u8; 32] = STANDARD_NO_PAD.decode(public).unwrap().try_into().unwrap();
-    VerifyingKey::from_bytes(&public)
-        .unwrap()
-        .verify(canonical(object).as_bytes(), &sig)
-        .expect("signature verifies");
-}
-
-/// An X-Matrix Authorization header for a request from `origin` to
-/// `destination`, signed with `key`.
-fn x_matrix(
-    origin: &str,
-    destination: &str,
-    (key_id, key): &(String, SigningKey),
-    method: &str,
-    uri: &str,
-    content: Option<&Value>,
-) -> String {
-    let mut request = json!({ "method": method, "uri": uri, "origin": origin, "destination": destination });
-    if let Some(content) = content {
-        request["content"] = content.clone();
-    }
-    let sig = STANDARD_NO_PAD.encode(key.sign(canonical(&request).as_bytes()).to_bytes());
-    format!("X-Matrix origin=\"{origin}\",destination=\"{destination}\",key=\"{key_id}\",sig=\"{sig}\"")
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
 
 async fn key_endpoint_serves_a_self_signed_key(backend: Backend) {
     let a = FedServer::start(&backend).await;
