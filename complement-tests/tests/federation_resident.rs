@@ -7,14 +7,21 @@
 
 use std::time::{Duration, Instant};
 
-use complement_tests::api::{V3, create_room, enc, event_id_of, room_path, text};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use complement_tests::api::{V3, assert_error, create_room, enc, event_id_of, room_path, text};
 use complement_tests::backend_tests;
-use complement_tests::federation::FedServer;
+use complement_tests::federation::{FedServer, now_ms, x_matrix};
 use complement_tests::harness::{Backend, User};
+use complement_tests::pdu;
 use complement_tests::synapse::{Synapse, SynapseOptions};
 use serde_json::{Value, json};
 
-backend_tests!(synapse_user_joins_talks_and_leaves_v12, synapse_user_joins_talks_and_leaves_v10);
+backend_tests!(
+    synapse_user_joins_talks_and_leaves_v12,
+    synapse_user_joins_talks_and_leaves_v10,
+    remote_joins_and_events_are_checked,
+);
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
     joins_talks_and_leaves(backend, "12").await;
@@ -176,4 +183,216 @@ async fn joins_talks_and_leaves(backend: Backend, version: &str) {
         seq.server.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&alice.token)).await;
     assert_eq!(status, 200);
     assert_eq!(bodies(&page).last().map(String::as_str), Some("after bob"));
+}
+
+/// Another seqline server's identity, for tests that act as that server:
+/// requests to `resident` signed with its key, PDUs signed with it.
+struct Acting<'a> {
+    resident: &'a FedServer,
+    remote: &'a FedServer,
+    key: (String, ed25519_dalek::SigningKey),
+}
+
+impl<'a> Acting<'a> {
+    fn new(resident: &'a FedServer, remote: &'a FedServer) -> Self {
+        Self { resident, remote, key: remote.signing_key() }
+    }
+
+    async fn call(&self, method: &str, uri: &str, body: Option<&Value>) -> (u16, Value) {
+        let auth = x_matrix(&self.remote.name, &self.resident.name, &self.key, method, uri, body);
+        self.resident.send(method, uri, Some(auth), body).await
+    }
+
+    /// Signs `pdu` as the remote server; answers its event id.
+    fn sign(&self, pdu: &mut Value) -> String {
+        pdu::sign(pdu, &self.remote.name, &self.key.0, &self.key.1)
+    }
+
+    /// A transaction of `pdus`; answers the per-PDU results.
+    async fn send_txn(&self, txn: &str, pdus: &[&Value]) -> (u16, Value) {
+        let body = json!({ "origin": self.remote.name, "origin_server_ts": now_ms(), "pdus": pdus });
+        self.call("PUT", &format!("/_matrix/federation/v1/send/{txn}"), Some(&body)).await
+    }
+}
+
+/// The event id of the state event of `kind` in a send_join answer's state.
+fn state_id(state: &Value, kind: &str, state_key: &str) -> String {
+    state
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == kind && e["state_key"] == state_key)
+        .map(pdu::event_id)
+        .unwrap_or_else(|| panic!("no {kind} in {state}"))
+}
+
+async fn remote_joins_and_events_are_checked(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(
+        &a.server,
+        &alice,
+        json!({
+            "preset": "public_chat", "room_version": "11",
+            "initial_state": [{
+                "type": "m.room.history_visibility", "state_key": "",
+                "content": { "history_visibility": "joined" }
+            }],
+        }),
+    )
+    .await;
+    let (_, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/t0"), Some(&alice.token), text("secret before"))
+        .await;
+    let secret = event_id_of(&sent);
+    let make_join = |user: &str, ver: &str| {
+        format!("/_matrix/federation/v1/make_join/{}/{}?ver={ver}", enc(&room), enc(user))
+    };
+
+    // Only for its own users, only in versions it names, only in rooms we have.
+    let carol = format!("@carol:127.0.0.1:{}", complement_tests::federation::free_port());
+    assert_error(
+        &acting.call("GET", &make_join(&carol, "11"), None).await,
+        403,
+        "M_FORBIDDEN",
+        "another server's user",
+    );
+    let old = acting.call("GET", &make_join(&bob, "1"), None).await;
+    assert_error(&old, 400, "M_INCOMPATIBLE_ROOM_VERSION", "version 1 only");
+    assert_eq!(old.1["room_version"], "11");
+    let unknown = format!("/_matrix/federation/v1/make_join/{}/{}?ver=11", enc("!nope:elsewhere"), enc(&bob));
+    assert_error(&acting.call("GET", &unknown, None).await, 404, "M_NOT_FOUND", "unknown room");
+    // Nothing of the room for a server with no user in it.
+    let event_uri = format!("/_matrix/federation/v1/event/{}", enc(&secret));
+    assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "event before joining");
+
+    let (status, template) = acting.call("GET", &make_join(&bob, "11"), None).await;
+    assert_eq!(status, 200, "{template}");
+    assert_eq!(template["room_version"], "11");
+    let mut join = template["event"].clone();
+    assert_eq!(
+        (join["type"].as_str(), join["state_key"].as_str()),
+        (Some("m.room.member"), Some(bob.as_str()))
+    );
+    assert_eq!(join["content"], json!({ "membership": "join" }));
+    assert!(join.get("signatures").is_none() && join.get("hashes").is_none(), "{join}");
+    let join_id = acting.sign(&mut join);
+    let send_join = |id: &str| format!("/_matrix/federation/v2/send_join/{}/{}", enc(&room), enc(id));
+
+    // The path must name the event; the signature must be the sender's server's.
+    assert_error(
+        &acting.call("PUT", &send_join(&secret), Some(&join)).await,
+        400,
+        "M_BAD_JSON",
+        "another event id",
+    );
+    let mut forged = join.clone();
+    forged["signatures"][&b.name][&acting.key.0] = json!(STANDARD_NO_PAD.encode([7u8; 64]));
+    assert_error(
+        &acting.call("PUT", &send_join(&join_id), Some(&forged)).await,
+        400,
+        "M_INVALID_SIGNATURE",
+        "forged",
+    );
+
+    let (status, answer) = acting.call("PUT", &send_join(&join_id), Some(&join)).await;
+    assert_eq!(status, 200, "{answer}\n{}", a.server.log());
+    let state = &answer["state"];
+    let create_id = state_id(state, "m.room.create", "");
+    let power_id = state_id(state, "m.room.power_levels", "");
+    assert!(
+        answer["auth_chain"].as_array().unwrap().iter().any(|e| pdu::event_id(e) == create_id),
+        "{answer}"
+    );
+    assert!(
+        state.as_array().unwrap().iter().all(|e| e["state_key"] != bob.as_str()),
+        "state before the join"
+    );
+    assert_eq!(pdu::event_id(&answer["event"]), join_id);
+    let mut servers: Vec<&str> =
+        answer["servers_in_room"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    servers.sort_unstable();
+    let mut expected = vec![a.name.as_str(), b.name.as_str()];
+    expected.sort_unstable();
+    assert_eq!(servers, expected);
+
+    // History from before the join goes out redacted (`joined`).
+    let (status, before) = acting.call("GET", &event_uri, None).await;
+    assert_eq!(status, 200, "{before}");
+    assert_eq!(before["pdus"][0]["content"], json!({}), "{before}");
+
+    // Bob talks through a transaction; a retry of it changes nothing.
+    let depth = join["depth"].as_i64().unwrap();
+    let message = |body: &str, prev: &str| {
+        json!({
+            "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": body },
+            "prev_events": [prev], "auth_events": [create_id, power_id, join_id],
+            "depth": depth + 1, "origin_server_ts": now_ms(),
+        })
+    };
+    let mut hello = message("hello from b", &join_id);
+    let hello_id = acting.sign(&mut hello);
+    for _ in 0..2 {
+        let (status, results) = acting.send_txn("t1", &[&hello]).await;
+        assert_eq!(status, 200, "{results}");
+        assert_eq!(results["pdus"], json!({ hello_id.clone(): {} }));
+    }
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(bodies(&page), ["secret before", "hello from b"], "{page}");
+
+    // A PDU whose content was changed after signing is kept redacted.
+    let mut tampered = message("original", &hello_id);
+    let tampered_id = acting.sign(&mut tampered);
+    tampered["content"]["body"] = json!("changed in transit");
+    // Unknown prev events, or another server's user: refused one by one.
+    let mut orphan = message("orphan", "$unknown-event-id-aaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    let orphan_id = acting.sign(&mut orphan);
+    let mut impostor = message("impostor", &hello_id);
+    impostor["sender"] = json!(carol);
+    let impostor_id = acting.sign(&mut impostor);
+    let (status, results) = acting.send_txn("t2", &[&tampered, &orphan, &impostor]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"][&tampered_id], json!({}), "{results}");
+    assert!(results["pdus"][&orphan_id]["error"].is_string(), "{results}");
+    assert!(results["pdus"][&impostor_id]["error"].is_string(), "{results}");
+    let page = seqline_messages(&a, &alice, &room).await;
+    let chunk = page["chunk"].as_array().unwrap();
+    let kept =
+        chunk.iter().find(|e| e["event_id"] == tampered_id.as_str()).unwrap_or_else(|| panic!("{page}"));
+    assert_eq!(kept["content"], json!({}), "{kept}");
+    assert!(!page.to_string().contains("orphan") && !page.to_string().contains("impostor"), "{page}");
+
+    // Backfill and state: what B may read whole, the rest redacted.
+    let backfill = format!("/_matrix/federation/v1/backfill/{}?v={}&limit=10", enc(&room), enc(&hello_id));
+    let (status, page) = acting.call("GET", &backfill, None).await;
+    assert_eq!(status, 200, "{page}");
+    let pdus = page["pdus"].as_array().unwrap();
+    let find = |id: &str| {
+        pdus.iter().find(|e| pdu::event_id(e) == id).unwrap_or_else(|| panic!("{id} not in {page}"))
+    };
+    assert_eq!(find(&hello_id)["content"]["body"], "hello from b");
+    assert_eq!(find(&secret)["content"], json!({}));
+    let state_ids = format!("/_matrix/federation/v1/state_ids/{}?event_id={}", enc(&room), enc(&hello_id));
+    let (status, ids) = acting.call("GET", &state_ids, None).await;
+    assert_eq!(status, 200, "{ids}");
+    let pdu_ids: Vec<&str> = ids["pdu_ids"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(pdu_ids.contains(&join_id.as_str()) && pdu_ids.contains(&create_id.as_str()), "{ids}");
+
+    // Banned: B's next message is refused, and B may ask nothing more.
+    let ban = json!({ "user_id": bob, "reason": "test" });
+    let (status, body) = a.server.post(&room_path(&room, "/ban"), Some(&alice.token), ban).await;
+    assert_eq!(status, 200, "{body}");
+    let mut late = message("after the ban", &tampered_id);
+    let late_id = acting.sign(&mut late);
+    let (status, results) = acting.send_txn("t3", &[&late]).await;
+    assert_eq!(status, 200, "{results}");
+    assert!(results["pdus"][&late_id]["error"].is_string(), "{results}");
+    assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "after the ban");
+    // A transaction too large is refused whole.
+    let many: Vec<&Value> = std::iter::repeat_n(&late, 51).collect();
+    assert_error(&acting.send_txn("t4", &many).await, 400, "M_BAD_JSON", "51 PDUs");
 }

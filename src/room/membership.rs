@@ -23,11 +23,17 @@ pub struct Change {
     pub reason: Option<String>,
 }
 
-/// Local users only, until federation: remote targets are refused cleanly.
-pub async fn check_target(state: &AppState, target: &UserId) -> Result<()> {
+/// Whether `target` may be the target of a `membership` change: a local
+/// user who exists, or another server's user to kick, ban or unban (the
+/// event reaches their server through the room's outgoing queue). Inviting
+/// another server's user is refused cleanly until invites go over federation.
+pub async fn check_target(state: &AppState, target: &UserId, membership: &str) -> Result<()> {
     if target.server_name() != state.settings.server_name {
+        if matches!(membership, "leave" | "ban") && state.settings.federation.is_some() {
+            return Ok(());
+        }
         return Err(Error::Forbidden(format!(
-            "{target} is on another server: membership across servers needs federation, which is not available yet"
+            "{target} is on another server: inviting across servers is not available yet"
         )));
     }
     if !users::localpart_exists(&state.db, target.localpart()).await? {
@@ -80,7 +86,7 @@ pub async fn bulk(
 ) -> Result<Vec<Appended>> {
     for c in &changes {
         if c.target != sender {
-            check_target(state, &c.target).await?;
+            check_target(state, &c.target, c.membership).await?;
         }
     }
     let mut drafts = Vec::with_capacity(changes.len());

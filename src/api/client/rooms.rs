@@ -156,7 +156,8 @@ async fn send_state(
             let target = ruma::UserId::parse(&body.state_key).map_err(|_| {
                 Error::InvalidParam("The state key of m.room.member must be a user id".into())
             })?;
-            crate::room::membership::check_target(&state, &target).await?;
+            let membership = content.get("membership").and_then(|m| m.as_str()).unwrap_or_default();
+            crate::room::membership::check_target(&state, &target, membership).await?;
         }
         _ => {}
     }
