@@ -21,6 +21,7 @@ backend_tests!(
     synapse_user_joins_talks_and_leaves_v12,
     synapse_user_joins_talks_and_leaves_v10,
     remote_joins_and_events_are_checked,
+    synapse_user_is_invited_joins_and_is_kicked,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -395,4 +396,81 @@ async fn remote_joins_and_events_are_checked(backend: Backend) {
     // A transaction too large is refused whole.
     let many: Vec<&Value> = std::iter::repeat_n(&late, 51).collect();
     assert_error(&acting.send_txn("t4", &many).await, 400, "M_BAD_JSON", "51 PDUs");
+}
+
+/// The rooms of one section (`invite`, `join`, `leave`) of a Synapse /sync.
+async fn synapse_rooms(syn: &Synapse, token: &str, section: &str) -> Value {
+    let (status, body) = syn.get(&format!("{V3}/sync?timeout=0"), Some(token)).await;
+    assert_eq!(status, 200, "{body}");
+    body["rooms"][section].clone()
+}
+
+async fn synapse_user_is_invited_joins_and_is_kicked(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let bob = syn.register("bob", "pw").await;
+    let bob_id = syn.user_id("bob");
+
+    // A direct chat made with bob invited: his server signs the invite, his
+    // sync shows it with the room's stripped state.
+    let room = create_room(
+        &seq.server,
+        &alice,
+        json!({ "preset": "private_chat", "is_direct": true, "invite": [bob_id], "name": "Alice and Bob" }),
+    )
+    .await;
+    let invite = eventually("the invite on Synapse", || async {
+        let rooms = synapse_rooms(&syn, &bob.token, "invite").await;
+        rooms.get(&room).cloned()
+    })
+    .await;
+    let stripped = invite["invite_state"]["events"].as_array().unwrap();
+    let name = stripped.iter().find(|e| e["type"] == "m.room.name").unwrap_or_else(|| panic!("{invite}"));
+    assert_eq!(name["content"]["name"], "Alice and Bob");
+    let own = stripped.iter().find(|e| e["type"] == "m.room.member" && e["state_key"] == bob_id.as_str());
+    assert_eq!(own.map(|e| e["content"]["is_direct"].clone()), Some(json!(true)), "{invite}");
+    let (status, members) = seq.server.get(&room_path(&room, "/members"), Some(&alice.token)).await;
+    assert_eq!(status, 200);
+    let invited = members["chunk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["state_key"] == bob_id.as_str() && e["content"]["membership"] == "invite");
+    assert!(invited, "{members}\n{}", seq.server.log());
+
+    // Bob accepts: Synapse joins through seqline.
+    let (status, joined) = syn.post(&room_path(&room, "/join"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200, "{joined}\n{}", syn.log_tail());
+    let mut expected = vec![alice_id.clone(), bob_id.clone()];
+    expected.sort_unstable();
+    assert_eq!(joined_members(&seq, &alice, &room).await, expected);
+
+    // Alice kicks bob: the kick reaches his server, his sync shows the room left.
+    let kick = json!({ "user_id": bob_id, "reason": "bye" });
+    let (status, body) = seq.server.post(&room_path(&room, "/kick"), Some(&alice.token), kick).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the kick on Synapse", || async {
+        let (status, members) = syn.get(&room_path(&room, "/members"), Some(&bob.token)).await;
+        let kicked = status == 200
+            && members["chunk"].as_array().unwrap().iter().any(|e| {
+                e["state_key"] == bob_id.as_str()
+                    && e["content"]["membership"] == "leave"
+                    && e["sender"] == alice_id.as_str()
+            });
+        kicked.then_some(())
+    })
+    .await;
+    assert_eq!(joined_members(&seq, &alice, &room).await, [alice_id]);
+
+    // An invite to a user of a server that cannot be reached fails cleanly,
+    // and nothing is stored.
+    let nowhere = format!("@carol:127.0.0.1:{}", complement_tests::federation::free_port());
+    let response = seq
+        .server
+        .post(&room_path(&room, "/invite"), Some(&alice.token), json!({ "user_id": nowhere }))
+        .await;
+    assert_eq!(response.0, 502, "{}", response.1);
+    let (_, members) = seq.server.get(&room_path(&room, "/members"), Some(&alice.token)).await;
+    assert!(!members.to_string().contains("carol"), "{members}");
 }

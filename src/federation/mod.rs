@@ -4,6 +4,7 @@
 //! ([`keys`]: ours as published, other servers' fetched and cached).
 
 pub mod incoming;
+pub mod invites;
 pub mod keys;
 pub mod resident;
 pub mod sender;

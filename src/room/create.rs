@@ -74,9 +74,10 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     // Check what can fail before anything is written.
     for user in &req.invite {
         if user.server_name() != server_name {
-            return Err(Error::Forbidden(format!(
-                "Cannot invite {user}: inviting users of other servers needs federation, which is not available yet"
-            )));
+            if state.settings.federation.is_none() {
+                return Err(Error::Forbidden(format!("Cannot invite {user}: this server does not federate")));
+            }
+            continue;
         }
         if !users::localpart_exists(&state.db, user.localpart()).await? {
             return Err(Error::NotFound(format!("Unknown user {user}")));
@@ -302,7 +303,9 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         writer.append(state, &state_draft("m.room.topic", "", object(content)?), None).await?;
     }
 
-    // 8. Invites.
+    // 8. Invites: ours in the room's first transaction, other servers'
+    // users once it is committed (their servers sign their invites).
+    let mut remote_invites = Vec::new();
     for (user, profile) in req.invite.iter().zip(invite_profiles) {
         let mut content = json!({ "membership": "invite" });
         if req.is_direct {
@@ -310,9 +313,21 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         }
         let mut content = object(content)?;
         content.extend(profile);
-        writer.append(state, &state_draft("m.room.member", user.as_str(), content), None).await?;
+        let draft = state_draft("m.room.member", user.as_str(), content);
+        if user.server_name() == server_name {
+            writer.append(state, &draft, None).await?;
+        } else {
+            remote_invites.push(draft);
+        }
     }
     writer.commit(state).await?;
+    for draft in remote_invites {
+        // The room exists whatever another server answers: a failed invite
+        // is logged and the room returned, as the invite can be sent again.
+        if let Err(e) = crate::federation::invites::invite_remote(state, &room_id, &draft).await {
+            tracing::warn!(%room_id, invitee = ?draft.state_key, "cannot invite: {e}");
+        }
+    }
     if req.publish {
         rooms::set_published(&state.db, room_id.as_str(), true).await?;
     }

@@ -24,16 +24,16 @@ pub struct Change {
 }
 
 /// Whether `target` may be the target of a `membership` change: a local
-/// user who exists, or another server's user to kick, ban or unban (the
-/// event reaches their server through the room's outgoing queue). Inviting
-/// another server's user is refused cleanly until invites go over federation.
+/// user who exists, or (with federation on) another server's user to
+/// invite (their server signs the invite first), kick, ban or unban (the
+/// event reaches their server through the room's outgoing queue).
 pub async fn check_target(state: &AppState, target: &UserId, membership: &str) -> Result<()> {
     if target.server_name() != state.settings.server_name {
-        if matches!(membership, "leave" | "ban") && state.settings.federation.is_some() {
+        if matches!(membership, "invite" | "leave" | "ban") && state.settings.federation.is_some() {
             return Ok(());
         }
         return Err(Error::Forbidden(format!(
-            "{target} is on another server: inviting across servers is not available yet"
+            "{target} is on another server, and this server does not federate"
         )));
     }
     if !users::localpart_exists(&state.db, target.localpart()).await? {
@@ -92,6 +92,16 @@ pub async fn bulk(
     let mut drafts = Vec::with_capacity(changes.len());
     for c in &changes {
         drafts.push(draft(state, sender, c).await?);
+    }
+    let remote_invite =
+        |c: &Change| c.membership == "invite" && c.target.server_name() != state.settings.server_name;
+    if let ([change], [one]) = (changes.as_slice(), drafts.as_slice())
+        && remote_invite(change)
+    {
+        return Ok(vec![crate::federation::invites::invite_remote(state, room_id, one).await?]);
+    }
+    if changes.iter().any(remote_invite) {
+        return Err(Error::InvalidParam("Users of other servers are invited one at a time".into()));
     }
     if let [one] = drafts.as_slice() {
         // A single change may share a commit with other writes to the room.
