@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use ruma::canonical_json::CanonicalJsonObject;
+use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
 use ruma::room_version_rules::{EventIdFormatVersion, RoomVersionRules};
 use ruma::signatures::{PublicKeyMap, Verified};
 use ruma::{EventId, OwnedEventId, OwnedRoomId, RoomId, ServerName};
@@ -48,6 +48,39 @@ pub async fn check_pdu(state: &AppState, rules: &RoomVersionRules, raw: &RawJson
         Err(e) => return Err(Error::InvalidSignature(format!("The event's signatures do not verify: {e}"))),
     };
     Pdu::from_checked(event_id, &object)
+}
+
+/// Adds our signature to another server's event (a restricted join we
+/// authorise, an invite of one of our users). The event id does not change: signatures are not hashed.
+pub fn countersign(state: &AppState, rules: &RoomVersionRules, pdu: Pdu) -> Result<Pdu> {
+    let mut object = pdu.canonical()?;
+    let signature = {
+        let mut redacted = ruma::canonical_json::redact(object.clone(), &rules.redaction, None)
+            .map_err(|e| Error::Internal(format!("redact: {e}")))?;
+        redacted.remove("signatures");
+        redacted.remove("unsigned");
+        ruma::signatures::sign_json(
+            state.settings.server_name.as_str(),
+            &state.signing_key.pair,
+            &mut redacted,
+        )
+        .map_err(|e| Error::Internal(format!("sign: {e}")))?;
+        redacted
+            .get("signatures")
+            .and_then(|s| s.as_object())
+            .and_then(|s| s.get(state.settings.server_name.as_str()))
+            .cloned()
+            .ok_or_else(|| Error::Internal("no signature made".into()))?
+    };
+    let signatures = match object
+        .entry("signatures".into())
+        .or_insert_with(|| CanonicalJsonValue::Object(Default::default()))
+    {
+        CanonicalJsonValue::Object(o) => o,
+        _ => return Err(Error::BadJson("signatures is not an object".into())),
+    };
+    signatures.insert(state.settings.server_name.to_string(), signature);
+    Pdu::from_checked(pdu.event_id.clone(), &object)
 }
 
 /// The event id of a PDU in its room's version: the `event_id` field in

@@ -114,3 +114,149 @@ async fn check_signed_by(
 fn raw(json: String) -> Result<Box<RawJsonValue>> {
     RawJsonValue::from_string(json).map_err(|e| Error::Internal(format!("event json: {e}")))
 }
+
+/// Most stripped state events kept with an invite.
+const MAX_STRIPPED: usize = 50;
+
+/// Another server invites one of our users (`/v2/invite`): the invite is
+/// checked (our room versions only; a PDU of that version signed by the
+/// inviter's server; the inviter's own server is asking; an invite of a user
+/// of ours who exists), countersigned, kept with the room's stripped state
+/// for the invitee's /sync, and returned. An invite into a room we are in
+/// is only countersigned: it reaches the room through the inviter's server.
+pub async fn receive_invite(
+    state: &AppState,
+    origin: &ruma::ServerName,
+    room_id: &RoomId,
+    event_id: &ruma::EventId,
+    version: &ruma::RoomVersionId,
+    event: &RawJsonValue,
+    stripped: &[RawStrippedState],
+) -> Result<Box<RawJsonValue>> {
+    if !super::joining::JOINABLE_VERSIONS.contains(version) {
+        return Err(Error::IncompatibleRoomVersion { room_version: version.to_string() });
+    }
+    let rules = version
+        .rules()
+        .ok_or_else(|| Error::IncompatibleRoomVersion { room_version: version.to_string() })?;
+    let pdu = super::incoming::check_pdu(state, &rules, event).await?;
+    if pdu.event_id != event_id || pdu.room_id.as_deref() != Some(room_id) {
+        return Err(Error::BadJson("The invite is not the event the path names".into()));
+    }
+    let content = pdu.content_as::<serde_json::Value>().unwrap_or_default();
+    let invitee = pdu.state_key.as_deref().and_then(|k| UserId::parse(k).ok());
+    let Some(invitee) = invitee.filter(|_| {
+        pdu.kind == ruma::events::TimelineEventType::RoomMember && content["membership"] == "invite"
+    }) else {
+        return Err(Error::BadJson("The event is not an invite".into()));
+    };
+    if pdu.sender.server_name() != origin {
+        return Err(Error::Forbidden(format!("{origin} cannot invite on behalf of {}", pdu.sender)));
+    }
+    if invitee.server_name() != state.settings.server_name
+        || !crate::storage::users::localpart_exists(&state.db, invitee.localpart()).await?
+    {
+        return Err(Error::NotFound(format!("{invitee} is not a user of this server")));
+    }
+    let signed = super::incoming::countersign(state, &rules, pdu)?;
+    let json = signed.to_json_string();
+    let ours = state.settings.server_name.as_str();
+    if crate::storage::federation::server_in_room(&state.db, room_id.as_str(), ours).await? {
+        return raw(json);
+    }
+    let mut events: Vec<serde_json::Value> =
+        stripped.iter().take(MAX_STRIPPED).filter_map(stripped_event).collect();
+    events.push(serde_json::json!({
+        "type": "m.room.member",
+        "state_key": invitee,
+        "sender": signed.sender,
+        "content": content,
+        "event_id": signed.event_id,
+        "origin_server_ts": signed.origin_server_ts,
+    }));
+    let reservation = state.streams.reserve();
+    let invite = crate::storage::federation::RemoteInvite {
+        user_id: invitee.to_string(),
+        room_id: room_id.to_string(),
+        event_id: signed.event_id.to_string(),
+        room_version: version.to_string(),
+        json: json.clone(),
+        stripped_state: serde_json::Value::Array(events).to_string(),
+        via: origin.to_string(),
+        stream: reservation.pos,
+        rejected: 0,
+    };
+    crate::storage::federation::put_remote_invite(&state.db, &invite).await?;
+    drop(reservation);
+    state.notifier.wake([invitee.as_str()]);
+    raw(json)
+}
+
+/// One stripped state event in the client's form (type, state key, content,
+/// sender), from a full PDU or a stripped event; `None` when it is neither.
+fn stripped_event(entry: &RawStrippedState) -> Option<serde_json::Value> {
+    let json = match entry {
+        RawStrippedState::Pdu(raw) => raw.get(),
+        #[allow(deprecated)]
+        RawStrippedState::Stripped(raw) => raw.json().get(),
+        _ => return None,
+    };
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    let field = |name: &str| value.get(name).filter(|v| v.is_string()).cloned();
+    let content = value.get("content").filter(|c| c.is_object()).cloned()?;
+    Some(serde_json::json!({
+        "type": field("type")?,
+        "state_key": field("state_key")?,
+        "sender": field("sender")?,
+        "content": content,
+    }))
+}
+
+/// The invitee turns down an invite into a room on another server: a leave
+/// through the inviting server (make_leave / send_leave), and whatever that
+/// server answers, the invite is over here (the spec's out-of-band
+/// rejection when the server cannot be reached).
+pub async fn reject(state: &AppState, user: &UserId, room_id: &RoomId) -> Result<()> {
+    let invite = crate::storage::federation::remote_invite(&state.db, user.as_str(), room_id.as_str())
+        .await?
+        .filter(|i| i.rejected == 0)
+        .ok_or_else(crate::room::read::not_a_member)?;
+    if let Err(e) = leave_via(state, user, room_id, &invite.via).await {
+        tracing::info!(%room_id, via = %invite.via, "invite rejected here only: {e}");
+    }
+    let reservation = state.streams.reserve();
+    crate::storage::federation::reject_remote_invite(
+        &state.db,
+        user.as_str(),
+        room_id.as_str(),
+        reservation.pos,
+    )
+    .await?;
+    drop(reservation);
+    state.notifier.wake([user.as_str()]);
+    Ok(())
+}
+
+async fn leave_via(state: &AppState, user: &UserId, room_id: &RoomId, via: &str) -> Result<()> {
+    use ruma::api::federation::membership::{create_leave_event, prepare_leave_event};
+    let server = <&ruma::ServerName>::try_from(via)
+        .map_err(|e| Error::Internal(format!("stored server name: {e}")))?;
+    let template = super::send(
+        state,
+        server,
+        prepare_leave_event::v1::Request::new(room_id.to_owned(), user.to_owned()),
+    )
+    .await
+    .map_err(|e| super::joining::remote_error(server, e))?;
+    let version = template.room_version.unwrap_or(ruma::RoomVersionId::V1);
+    let rules = version.rules().ok_or_else(|| {
+        Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
+    })?;
+    let (event_id, leave) =
+        super::joining::sign_template(state, &rules, room_id, user, &template.event, "leave").await?;
+    let raw = raw(serde_json::to_string(&leave).map_err(|e| Error::Internal(e.to_string()))?)?;
+    super::send(state, server, create_leave_event::v2::Request::new(room_id.to_owned(), event_id, raw))
+        .await
+        .map_err(|e| super::joining::remote_error(server, e))?;
+    Ok(())
+}

@@ -5,6 +5,7 @@
 
 pub mod incoming;
 pub mod invites;
+pub mod joining;
 pub mod keys;
 pub mod resident;
 pub mod sender;
@@ -79,6 +80,21 @@ where
     T: OutgoingRequest<PathBuilder = SinglePath>,
     T::Authentication: Signing,
 {
+    send_capped(state, destination, request, MAX_REPLY_BYTES).await
+}
+
+/// [`send`], reading at most `max_reply` bytes of the answer (a room's state
+/// in a send_join answer is far larger than a query's).
+pub async fn send_capped<T>(
+    state: &AppState,
+    destination: &ServerName,
+    request: T,
+    max_reply: usize,
+) -> Result<T::IncomingResponse, FederationError>
+where
+    T: OutgoingRequest<PathBuilder = SinglePath>,
+    T::Authentication: Signing,
+{
     let input = <T::Authentication as Signing>::input(
         state.settings.server_name.clone(),
         destination.to_owned(),
@@ -94,7 +110,7 @@ where
     }
     let response = builder.body(body).send().await.map_err(crate::outbound::OutboundError::from)?;
     let status = response.status();
-    let bytes = crate::outbound::read_capped(response, MAX_REPLY_BYTES).await?;
+    let bytes = crate::outbound::read_capped(response, max_reply).await?;
     if status.as_u16() >= 400 {
         let text: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
         return Err(FederationError::Status(status.as_u16(), text));

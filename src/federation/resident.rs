@@ -138,45 +138,12 @@ pub async fn send_membership(
             if authoriser.server_name() != state.settings.server_name {
                 return Err(Error::BadJson(format!("{authoriser} is not a user of this server")));
             }
-            countersign(state, &view, pdu)?
+            super::incoming::countersign(state, &view.rules, pdu)?
         }
         _ => pdu,
     };
     let appended = timeline::append_remote(state, room_id, pdu, true).await?;
     Ok((view, appended.pdu, appended.seq))
-}
-
-/// Adds our signature to another server's event (a restricted join we
-/// authorise). The event id does not change: signatures are not hashed.
-fn countersign(state: &AppState, view: &RoomView, pdu: Pdu) -> Result<Pdu> {
-    let mut object = pdu.canonical()?;
-    let signature = {
-        let mut redacted = ruma::canonical_json::redact(object.clone(), &view.rules.redaction, None)
-            .map_err(|e| Error::Internal(format!("redact: {e}")))?;
-        redacted.remove("signatures");
-        redacted.remove("unsigned");
-        ruma::signatures::sign_json(
-            state.settings.server_name.as_str(),
-            &state.signing_key.pair,
-            &mut redacted,
-        )
-        .map_err(|e| Error::Internal(format!("sign: {e}")))?;
-        redacted
-            .get("signatures")
-            .and_then(|s| s.as_object())
-            .and_then(|s| s.get(state.settings.server_name.as_str()))
-            .cloned()
-            .ok_or_else(|| Error::Internal("no signature made".into()))?
-    };
-    let signatures = match object
-        .entry("signatures".into())
-        .or_insert_with(|| CanonicalJsonValue::Object(Default::default()))
-    {
-        CanonicalJsonValue::Object(o) => o,
-        _ => return Err(Error::BadJson("signatures is not an object".into())),
-    };
-    signatures.insert(state.settings.server_name.to_string(), signature);
-    Pdu::from_checked(pdu.event_id.clone(), &object)
 }
 
 /// The answer to send_join: the state before the join, its auth chain with

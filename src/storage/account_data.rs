@@ -79,7 +79,8 @@ pub async fn get_filter(db: &Db, user_id: &str, filter_id: &str) -> Result<Optio
 /// The highest stream position stored anywhere (to start the allocator).
 pub async fn max_stream(db: &Db) -> Result<i64> {
     let mut max = 0i64;
-    for table in ["events", "receipts", "account_data", "device_list_updates", "to_device"] {
+    for table in ["events", "receipts", "account_data", "device_list_updates", "to_device", "remote_invites"]
+    {
         let m: Option<i64> =
             sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT MAX(stream) FROM {table}")))
                 .fetch_one(&db.pool)

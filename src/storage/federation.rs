@@ -219,3 +219,110 @@ pub async fn save_inbound_txn(db: &Db, origin: &str, txn_id: &str, response: &st
     .await?;
     tx.commit().await
 }
+
+/// An invite of one of our users into a room on another server.
+#[derive(Debug, Clone)]
+pub struct RemoteInvite {
+    /// The invitee.
+    pub user_id: String,
+    /// The room.
+    pub room_id: String,
+    /// The invite event's id.
+    pub event_id: String,
+    /// The room's version.
+    pub room_version: String,
+    /// The invite PDU, signed by both servers.
+    pub json: String,
+    /// JSON array of stripped state events (client format).
+    pub stripped_state: String,
+    /// The inviting server.
+    pub via: String,
+    /// Stream position of the last change.
+    pub stream: i64,
+    /// 1 once the invitee rejected it.
+    pub rejected: i64,
+}
+
+type InviteRow = (String, String, String, String, String, String, String, i64, i64);
+
+const INVITE_COLUMNS: &str =
+    "user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected";
+
+fn invite_from(
+    (user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected): InviteRow,
+) -> RemoteInvite {
+    RemoteInvite { user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected }
+}
+
+/// Records (or replaces) an invite of `invite.user_id` into a remote room.
+pub async fn put_remote_invite(db: &Db, invite: &RemoteInvite) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO remote_invites (user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0) \
+         ON CONFLICT (user_id, room_id) DO UPDATE SET event_id = $3, room_version = $4, json = $5, \
+           stripped_state = $6, via = $7, stream = $8, rejected = 0",
+    )
+    .bind(&invite.user_id)
+    .bind(&invite.room_id)
+    .bind(&invite.event_id)
+    .bind(&invite.room_version)
+    .bind(&invite.json)
+    .bind(&invite.stripped_state)
+    .bind(&invite.via)
+    .bind(invite.stream)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// The invite of `user_id` into `room_id`, if there is one.
+pub async fn remote_invite(db: &Db, user_id: &str, room_id: &str) -> Result<Option<RemoteInvite>> {
+    let row: Option<InviteRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {INVITE_COLUMNS} FROM remote_invites WHERE user_id = $1 AND room_id = $2"
+    )))
+    .bind(user_id)
+    .bind(room_id)
+    .fetch_optional(&db.pool)
+    .await?;
+    Ok(row.map(invite_from))
+}
+
+/// A user's remote invites changed in `(after, upto]` (all of them when
+/// `after` is 0), pending and rejected.
+pub async fn remote_invites_changed(
+    db: &Db,
+    user_id: &str,
+    after: i64,
+    upto: i64,
+) -> Result<Vec<RemoteInvite>> {
+    let rows: Vec<InviteRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {INVITE_COLUMNS} FROM remote_invites WHERE user_id = $1 AND stream > $2 AND stream <= $3 ORDER BY stream"
+    )))
+    .bind(user_id)
+    .bind(after)
+    .bind(upto)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().map(invite_from).collect())
+}
+
+/// The invitee turned the invite down (at stream position `stream`).
+pub async fn reject_remote_invite(db: &Db, user_id: &str, room_id: &str, stream: i64) -> Result<()> {
+    sqlx::query("UPDATE remote_invites SET rejected = 1, stream = $3 WHERE user_id = $1 AND room_id = $2")
+        .bind(user_id)
+        .bind(room_id)
+        .bind(stream)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// The invite is over: the invitee joined the room.
+pub async fn delete_remote_invite(conn: &mut AnyConnection, user_id: &str, room_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM remote_invites WHERE user_id = $1 AND room_id = $2")
+        .bind(user_id)
+        .bind(room_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -156,6 +156,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (15, "room_summaries", include_str!("../../migrations/sqlite/0015_room_summaries.sql")),
     (16, "server_keys", include_str!("../../migrations/sqlite/0016_server_keys.sql")),
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
+    (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -176,6 +177,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (15, "room_summaries", include_str!("../../migrations/postgres/0015_room_summaries.sql")),
     (16, "server_keys", include_str!("../../migrations/postgres/0016_server_keys.sql")),
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
+    (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
 ];
 
 impl Db {

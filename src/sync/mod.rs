@@ -264,6 +264,30 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         }
     }
 
+    // Invites into rooms on other servers (not on any line of ours yet).
+    let after = if initial { 0 } else { since.stream };
+    for pending in
+        crate::storage::federation::remote_invites_changed(&state.db, me.user_id.as_str(), after, now.stream)
+            .await?
+    {
+        let room_id = pending.room_id.clone();
+        if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
+            || req.filter.not_rooms.contains(&room_id)
+        {
+            continue;
+        }
+        if pending.rejected != 0 {
+            if !initial {
+                has_news = true;
+                leave.insert(room_id, json!({ "timeline": { "events": [] }, "state": { "events": [] } }));
+            }
+            continue;
+        }
+        has_news = true;
+        let events: Value = serde_json::from_str(&pending.stripped_state).unwrap_or_else(|_| json!([]));
+        invite.insert(room_id, json!({ "invite_state": { "events": events } }));
+    }
+
     // What the client's token says it has is acknowledged (and deleted);
     // at most TO_DEVICE_PER_SYNC go out, and the token then says how far.
     let mut next = now;

@@ -101,6 +101,25 @@ async fn join_by_id_or_alias(
 
 async fn leave(state: AppState, req: Ruma<leave_room::v3::Request>) -> Result<leave_room::v3::Response> {
     let me = req.requester()?;
+    let here = crate::storage::federation::server_in_room(
+        &state.db,
+        req.body.room_id.as_str(),
+        state.settings.server_name.as_str(),
+    )
+    .await?;
+    if !here
+        && crate::storage::federation::remote_invite(
+            &state.db,
+            me.user_id.as_str(),
+            req.body.room_id.as_str(),
+        )
+        .await?
+        .is_some_and(|i| i.rejected == 0)
+    {
+        // An invite into a room on another server, turned down.
+        crate::federation::invites::reject(&state, &me.user_id, &req.body.room_id).await?;
+        return Ok(leave_room::v3::Response::new());
+    }
     let change = Change { target: me.user_id.clone(), membership: "leave", reason: req.body.reason.clone() };
     membership::change(&state, &req.body.room_id, &me.user_id, change).await?;
     Ok(leave_room::v3::Response::new())

@@ -154,6 +154,7 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, rooms::make_leave);
     let router = route(router, rooms::send_leave);
     let router = route(router, rooms::send_transaction);
+    let router = route(router, rooms::invite);
     let router = route(router, rooms::event);
     let router = route(router, rooms::room_state);
     let router = route(router, rooms::room_state_ids);

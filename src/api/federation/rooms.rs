@@ -7,14 +7,14 @@ use ruma::api::federation::authorization::get_event_authorization;
 use ruma::api::federation::backfill::get_backfill;
 use ruma::api::federation::event::{get_event, get_missing_events, get_room_state, get_room_state_ids};
 use ruma::api::federation::membership::{
-    create_join_event, create_leave_event, prepare_join_event, prepare_leave_event,
+    create_invite, create_join_event, create_leave_event, prepare_join_event, prepare_leave_event,
 };
 use ruma::api::federation::transactions::send_transaction_message;
 use ruma::{EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedServerName, UInt};
 
 use super::Federation;
 use crate::error::{Error, Result};
-use crate::federation::{incoming, resident};
+use crate::federation::{incoming, invites, resident};
 use crate::state::AppState;
 
 /// The origin of a signed request (the extractor sets it for every endpoint
@@ -161,4 +161,23 @@ pub(super) async fn missing_events(
     )
     .await?;
     Ok(get_missing_events::v1::Response::new(events))
+}
+
+pub(super) async fn invite(
+    state: AppState,
+    req: Federation<create_invite::v2::Request>,
+) -> Result<create_invite::v2::Response> {
+    let origin = origin(&req)?;
+    let body = &req.body;
+    let event = invites::receive_invite(
+        &state,
+        origin,
+        &body.room_id,
+        &body.event_id,
+        &body.room_version,
+        &body.event,
+        &body.invite_room_state,
+    )
+    .await?;
+    Ok(create_invite::v2::Response::new(event))
 }

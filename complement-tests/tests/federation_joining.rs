@@ -1,0 +1,116 @@
+//! seqline as the joining side: its users are invited into rooms on a real
+//! Synapse (the invite countersigned, its stripped state in their /sync) and
+//! turn the invite down (make_leave / send_leave through the inviting
+//! server).
+
+use std::time::{Duration, Instant};
+
+use complement_tests::api::{V3, enc, room_path};
+use complement_tests::backend_tests;
+use complement_tests::federation::FedServer;
+use complement_tests::harness::{Backend, User};
+use complement_tests::synapse::{Synapse, SynapseOptions};
+use serde_json::{Value, json};
+
+backend_tests!(synapse_invites_a_seqline_user_who_rejects);
+
+/// Waits (up to 30 s) until `check` answers `Some`, asking again every 100 ms.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn seqline_sync(seq: &FedServer, user: &User, since: Option<&str>) -> Value {
+    let path = match since {
+        Some(s) => format!("{V3}/sync?timeout=0&since={}", enc(s)),
+        None => format!("{V3}/sync?timeout=0"),
+    };
+    let (status, body) = seq.server.get(&path, Some(&user.token)).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let (status, bob) = syn
+        .post(
+            &format!("{V3}/register"),
+            None,
+            json!({
+                "username": "bob", "password": "pw", "auth": { "type": "m.login.dummy" }
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{bob}");
+    let bob_token = bob["access_token"].as_str().unwrap().to_owned();
+    let bob_id = syn.user_id("bob");
+    let (status, created) = syn
+        .post(
+            &format!("{V3}/createRoom"),
+            Some(&bob_token),
+            json!({
+                "preset": "private_chat", "name": "Bob's room"
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    let room = created["room_id"].as_str().unwrap().to_owned();
+
+    let first = seqline_sync(&seq, &alice, None).await;
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+    let (status, body) =
+        syn.post(&room_path(&room, "/invite"), Some(&bob_token), json!({ "user_id": alice_id })).await;
+    assert_eq!(status, 200, "{body}\n{}\n{}", syn.log_tail(), seq.server.log());
+
+    // The invite reaches alice's sync with the room's stripped state.
+    let invite = eventually("the invite in alice's sync", || async {
+        let body = seqline_sync(&seq, &alice, Some(&since)).await;
+        body["rooms"]["invite"].get(&room).cloned()
+    })
+    .await;
+    let events = invite["invite_state"]["events"].as_array().unwrap();
+    let name = events.iter().find(|e| e["type"] == "m.room.name").unwrap_or_else(|| panic!("{invite}"));
+    assert_eq!(name["content"]["name"], "Bob's room");
+    let own = events.iter().find(|e| e["type"] == "m.room.member" && e["state_key"] == alice_id.as_str());
+    let own = own.unwrap_or_else(|| panic!("{invite}"));
+    assert_eq!(
+        (own["sender"].as_str(), own["content"]["membership"].as_str()),
+        (Some(bob_id.as_str()), Some("invite"))
+    );
+    // Synapse holds the invite as seqline countersigned it.
+    let (status, members) = syn.get(&room_path(&room, "/members"), Some(&bob_token)).await;
+    assert_eq!(status, 200, "{members}");
+    assert!(members.to_string().contains(&alice_id), "{members}");
+
+    // Alice turns it down: Synapse sees her leave, her sync shows the room left.
+    let (status, body) = seq.server.post(&room_path(&room, "/leave"), Some(&alice.token), json!({})).await;
+    assert_eq!(status, 200, "{body}\n{}", seq.server.log());
+    eventually("the rejection on Synapse", || async {
+        let (_, members) = syn.get(&room_path(&room, "/members"), Some(&bob_token)).await;
+        members["chunk"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["state_key"] == alice_id.as_str() && e["content"]["membership"] == "leave")
+            .then_some(())
+    })
+    .await;
+    let after = seqline_sync(&seq, &alice, Some(&since)).await;
+    assert!(after["rooms"]["leave"].get(&room).is_some(), "{after}");
+    assert!(after["rooms"]["invite"].get(&room).is_none(), "{after}");
+    // Turning it down twice is refused.
+    let (status, _) = seq.server.post(&room_path(&room, "/leave"), Some(&alice.token), json!({})).await;
+    assert_eq!(status, 403);
+}
