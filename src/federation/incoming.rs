@@ -172,7 +172,63 @@ async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pd
     if !own_member_event && !store::server_in_room(&state.db, room_id.as_str(), origin.as_str()).await? {
         return Err(Error::Forbidden(format!("{origin} is not in room {room_id}")));
     }
-    crate::room::timeline::append_remote(state, room_id, pdu, false).await.map(|_| ())
+    match crate::room::timeline::append_remote(state, room_id, pdu.clone(), false).await {
+        Err(Error::MissingPrevEvents(why)) => {
+            // Events we missed in between: asked of the sender once, placed
+            // oldest first, then this one again.
+            if fetch_missing(state, origin, room_id, &pdu).await? == 0 {
+                return Err(Error::MissingPrevEvents(why));
+            }
+            crate::room::timeline::append_remote(state, room_id, pdu, false).await.map(|_| ())
+        }
+        other => other.map(|_| ()),
+    }
+}
+
+/// Most events asked for when a received event's prev events are missing
+/// (Synapse asks for 10).
+const MISSING_LIMIT: u32 = 10;
+
+/// Asks `origin` for the events between our forward extremities and `pdu`
+/// (`/get_missing_events`), checks them and places those that fit, oldest
+/// first; answers how many were placed. A failure to ask is not an error of
+/// ours: nothing is placed.
+async fn fetch_missing(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: &Pdu) -> Result<usize> {
+    use ruma::api::federation::event::get_missing_events;
+    let Some(room) = rooms::get(&state.db, room_id.as_str()).await? else { return Ok(0) };
+    let (_, rules) = crate::room::rules_for(&room.room_version)?;
+    let earliest: Vec<OwnedEventId> =
+        room.extremities.iter().filter_map(|id| EventId::parse(id).ok()).collect();
+    let mut request =
+        get_missing_events::v1::Request::new(room_id.to_owned(), earliest, vec![pdu.event_id.clone()]);
+    request.limit = MISSING_LIMIT.into();
+    let events = match super::send(state, origin, request).await {
+        Ok(response) => response.events,
+        Err(e) => {
+            tracing::info!(%origin, %room_id, "cannot get missing events: {e}");
+            return Ok(0);
+        }
+    };
+    let mut checked = Vec::new();
+    for raw in events.iter().take(MISSING_LIMIT as usize) {
+        match check_pdu(state, &rules, raw).await {
+            Ok(missing) if missing.room_id.as_deref() == Some(room_id) => checked.push(missing),
+            Ok(_) => {}
+            Err(e) => tracing::info!(%origin, "a missing event fails its checks: {e}"),
+        }
+    }
+    checked.sort_by(|a, b| a.depth.cmp(&b.depth).then_with(|| a.event_id.cmp(&b.event_id)));
+    let mut placed = 0;
+    for missing in checked {
+        let id = missing.event_id.clone();
+        match crate::room::timeline::append_remote(state, room_id, missing, false).await {
+            Ok(appended) if appended.is_new => placed += 1,
+            Ok(_) => {}
+            Err(e) if e.taints_transaction() => return Err(e),
+            Err(e) => tracing::info!(event_id = %id, "a missing event was not placed: {e}"),
+        }
+    }
+    Ok(placed)
 }
 
 /// The answer to one transaction: per PDU, `{}` or `{"error": ...}`.
