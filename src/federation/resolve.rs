@@ -511,6 +511,21 @@ impl DnsSrv {
     }
 }
 
+#[cfg(test)]
+impl DnsSrv {
+    /// Asking only the DNS server at `server` (UDP), with no cache between
+    /// tests' servers.
+    fn at(server: std::net::SocketAddr) -> Self {
+        use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+        let mut udp = ConnectionConfig::udp();
+        udp.port = server.port();
+        let config =
+            ResolverConfig::from_name_servers(vec![NameServerConfig::new(server.ip(), true, vec![udp])]);
+        let provider = hickory_resolver::net::runtime::TokioRuntimeProvider::default();
+        Self(Some(hickory_resolver::TokioResolver::builder_with_config(config, provider).build().unwrap()))
+    }
+}
+
 impl SrvLookup for DnsSrv {
     async fn lookup(&self, name: &str) -> Result<Vec<SrvRecord>, String> {
         let Some(resolver) = &self.0 else { return Ok(Vec::new()) };
@@ -606,7 +621,7 @@ mod tests {
     }
 
     impl FakeSrv {
-        fn set(&self, query: &str, records: &[(u16, u16, u16, &str)]) {
+        fn set(&self, query: &str, records: &[Srv]) {
             let records = records
                 .iter()
                 .map(|&(priority, weight, port, target)| SrvRecord {
@@ -640,6 +655,81 @@ mod tests {
 
     async fn resolve(r: &Resolver<FakeWellKnown, FakeSrv>, server: &str, now: Instant) -> Destination {
         r.resolve_at(name(server), now).await.unwrap()
+    }
+
+    /// SRV records as (priority, weight, port, target).
+    type Srv = (u16, u16, u16, &'static str);
+
+    /// A DNS server on loopback (UDP) answering SRV queries from `zone`
+    /// (query name -> records), NXDOMAIN for any other name.
+    async fn dns_server(zone: Vec<(&'static str, Vec<Srv>)>) -> std::net::SocketAddr {
+        use hickory_resolver::proto::op::{Message, OpCode, ResponseCode};
+        use hickory_resolver::proto::rr::{Name, RData, Record, rdata::SRV};
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            loop {
+                let Ok((n, from)) = socket.recv_from(&mut buf).await else { return };
+                let Ok(query) = Message::from_vec(&buf[..n]) else { continue };
+                let mut answer = Message::response(query.metadata.id, OpCode::Query);
+                answer.metadata.authoritative = true;
+                answer.metadata.recursion_desired = query.metadata.recursion_desired;
+                answer.metadata.recursion_available = true;
+                let Some(question) = query.queries.first().cloned() else { continue };
+                let asked = question.name().to_ascii();
+                answer.add_query(question.clone());
+                match zone.iter().find(|(name, _)| name.eq_ignore_ascii_case(&asked)) {
+                    Some((_, records)) => {
+                        for &(priority, weight, port, target) in records {
+                            let target = Name::from_ascii(target).unwrap();
+                            let srv = RData::SRV(SRV::new(priority, weight, port, target));
+                            answer.add_answer(Record::from_rdata(question.name().clone(), 300, srv));
+                        }
+                    }
+                    None => answer.metadata.response_code = ResponseCode::NXDomain,
+                }
+                let _ = socket.send_to(&answer.to_vec().unwrap(), from).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn srv_records_come_from_dns() {
+        let dns = dns_server(vec![
+            ("_matrix-fed._tcp.a.test.", vec![(10, 5, 8449, "fed.a.test."), (20, 0, 1, "late.a.test.")]),
+            ("_matrix._tcp.b.test.", vec![(0, 0, 8000, "old.b.test.")]),
+            ("_matrix-fed._tcp.dot.test.", vec![(0, 0, 0, ".")]),
+        ])
+        .await;
+        let srv = DnsSrv::at(dns);
+        let rec = |priority, weight, port, target: &str| SrvRecord {
+            priority,
+            weight,
+            port,
+            target: target.to_owned(),
+        };
+        assert_eq!(
+            srv.lookup("_matrix-fed._tcp.a.test.").await.unwrap(),
+            [rec(10, 5, 8449, "fed.a.test"), rec(20, 0, 1, "late.a.test")]
+        );
+        assert_eq!(srv.lookup("_matrix-fed._tcp.dot.test.").await.unwrap(), [rec(0, 0, 0, ".")]);
+        assert_eq!(srv.lookup("_matrix-fed._tcp.none.test.").await.unwrap(), []);
+
+        // The whole resolution over it (no well-known anywhere).
+        let r = Resolver::with(FakeWellKnown::default(), srv, MAX_CACHED);
+        let now = Instant::now();
+        assert_eq!(
+            r.resolve_at(name("a.test"), now).await.unwrap(),
+            dest("a.test", 8449, "a.test", Some("fed.a.test"))
+        );
+        assert_eq!(
+            r.resolve_at(name("b.test"), now).await.unwrap(),
+            dest("b.test", 8000, "b.test", Some("old.b.test"))
+        );
+        assert_eq!(r.resolve_at(name("c.test"), now).await.unwrap(), dest("c.test", 8448, "c.test", None));
+        assert!(matches!(r.resolve_at(name("dot.test"), now).await, Err(FederationError::NoService(_))));
     }
 
     #[tokio::test]
