@@ -1,5 +1,5 @@
-//! Every HTTP request seqline makes to another host (push gateways today,
-//! federation later) goes through [`Outbound`]: HTTPS with certificate
+//! Every HTTP request seqline makes to another host (push gateways,
+//! federation) goes through [`Outbound`]: HTTPS with certificate
 //! verification (rustls on ring, the platform's trust store), no redirects,
 //! no proxies, and no connection to an address in a refused range (loopback,
 //! private, link-local, CGNAT, documentation, multicast, ...) unless the
@@ -9,9 +9,16 @@
 //! [`CheckedResolver`], which drops refused addresses (a name that resolves
 //! only to refused ones fails), and a URL naming an IP address directly is
 //! checked before the request is built, since no resolver sees it.
+//!
+//! A federation request whose destination came from an SRV record goes to
+//! the record's target while the URL (and so SNI, the certificate check and
+//! the pool key) keeps the name being resolved: those go through a client of
+//! their own whose resolver looks up the target recorded for the URL's host
+//! ([`SrvRoutes`]), under the same address policy.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -124,17 +131,59 @@ fn embedded_v4(ip: IpAddr) -> Option<Ipv4Addr> {
     }
 }
 
-/// A DNS resolver that keeps only the addresses the policy permits.
+/// Host names routed to an SRV target: the URL's host (what the
+/// certificate is checked against) -> the host actually connected to.
+#[derive(Debug, Default)]
+pub struct SrvRoutes {
+    targets: Mutex<HashMap<String, String>>,
+}
+
+/// Routes remembered at most (one per SRV-delegating host in use); past it
+/// an arbitrary other one is forgotten (recorded again on its next request).
+const MAX_SRV_ROUTES: usize = 10_000;
+
+impl SrvRoutes {
+    fn set(&self, host: &str, target: &str) {
+        let mut targets = self.targets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if targets.get(host).is_some_and(|t| t == target) {
+            return;
+        }
+        if !targets.contains_key(host)
+            && targets.len() >= MAX_SRV_ROUTES
+            && let Some(other) = targets.keys().next().cloned()
+        {
+            targets.remove(&other);
+        }
+        targets.insert(host.to_owned(), target.to_owned());
+    }
+
+    fn target(&self, host: &str) -> Option<String> {
+        self.targets.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(host).cloned()
+    }
+}
+
+/// A DNS resolver that keeps only the addresses the policy permits. With
+/// `routes`, a name is resolved as its SRV target (a name without one is
+/// refused: that client serves SRV routes only).
 #[derive(Debug, Clone)]
 pub struct CheckedResolver {
     policy: Arc<IpPolicy>,
+    routes: Option<Arc<SrvRoutes>>,
 }
 
 impl Resolve for CheckedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.policy.clone();
-        let host = name.as_str().to_owned();
+        let asked = name.as_str().to_owned();
+        let host = match &self.routes {
+            None => Some(asked.clone()),
+            Some(routes) => routes.target(&asked),
+        };
         Box::pin(async move {
+            let host = host.ok_or_else(|| {
+                Box::new(OutboundError::BadUrl(format!("no SRV target recorded for {asked}")))
+                    as Box<dyn std::error::Error + Send + Sync>
+            })?;
             let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
             let permitted: Vec<SocketAddr> = resolved.filter(|a| policy.permits(a.ip())).collect();
             if permitted.is_empty() {
@@ -155,6 +204,10 @@ pub struct Outbound {
     /// For other homeservers: the same, except that with
     /// `federation.verify_tls = false` it accepts any certificate.
     federation: reqwest::Client,
+    /// For other homeservers reached through an SRV record: as `federation`,
+    /// connecting to the target recorded in `srv_routes` for the URL's host.
+    federation_srv: reqwest::Client,
+    srv_routes: Arc<SrvRoutes>,
     policy: Arc<IpPolicy>,
 }
 
@@ -165,21 +218,28 @@ impl Outbound {
         // have installed the same one first, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let policy = Arc::new(IpPolicy::new(allow));
-        let client = Self::build(&policy, false)?;
+        let srv_routes = Arc::new(SrvRoutes::default());
+        let client = Self::build(&policy, None, false)?;
         let federation = client.clone();
-        Ok(Self { client, federation, policy })
+        let federation_srv = Self::build(&policy, Some(&srv_routes), false)?;
+        Ok(Self { client, federation, federation_srv, srv_routes, policy })
     }
 
     /// Makes requests to other homeservers accept any certificate
     /// (`federation.verify_tls = false`: self-signed peers in tests).
     pub fn accepting_any_federation_certificate(mut self) -> Result<Self, OutboundError> {
-        self.federation = Self::build(&self.policy, true)?;
+        self.federation = Self::build(&self.policy, None, true)?;
+        self.federation_srv = Self::build(&self.policy, Some(&self.srv_routes), true)?;
         Ok(self)
     }
 
-    fn build(policy: &Arc<IpPolicy>, accept_any_certificate: bool) -> Result<reqwest::Client, OutboundError> {
+    fn build(
+        policy: &Arc<IpPolicy>,
+        routes: Option<&Arc<SrvRoutes>>,
+        accept_any_certificate: bool,
+    ) -> Result<reqwest::Client, OutboundError> {
         reqwest::Client::builder()
-            .dns_resolver(CheckedResolver { policy: policy.clone() })
+            .dns_resolver(CheckedResolver { policy: policy.clone(), routes: routes.cloned() })
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .connect_timeout(Duration::from_secs(10))
@@ -206,7 +266,25 @@ impl Outbound {
         method: reqwest::Method,
         url: &str,
     ) -> Result<reqwest::RequestBuilder, OutboundError> {
-        Ok(self.federation.request(method, self.checked_url(url)?))
+        self.federation_request_via(method, url, None)
+    }
+
+    /// A request to another homeserver that, with `connect_to`, connects to
+    /// that host (an SRV target) instead of the URL's, whose name the TLS
+    /// certificate must still match. The target's addresses are checked by
+    /// the same policy when the connection is made.
+    pub fn federation_request_via(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        connect_to: Option<&str>,
+    ) -> Result<reqwest::RequestBuilder, OutboundError> {
+        let url = self.checked_url(url)?;
+        let Some(target) = connect_to else { return Ok(self.federation.request(method, url)) };
+        // An IP-literal URL is never resolved, so it could not be routed.
+        let host = url.domain().ok_or_else(|| OutboundError::BadUrl(url.to_string()))?;
+        self.srv_routes.set(host, target);
+        Ok(self.federation_srv.request(method, url))
     }
 
     /// `url` parsed: http(s) with a host, not an IP address the policy refuses.
@@ -357,14 +435,111 @@ mod tests {
 
     #[tokio::test]
     async fn names_resolving_to_refused_addresses_fail() {
-        let resolver = CheckedResolver { policy: Arc::new(IpPolicy::default()) };
+        let resolver = CheckedResolver { policy: Arc::new(IpPolicy::default()), routes: None };
         let name: Name = "localhost".parse().unwrap();
         assert!(resolver.resolve(name).await.is_err(), "localhost resolves to loopback only");
         let allowing = CheckedResolver {
             policy: Arc::new(IpPolicy::new(vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()])),
+            routes: None,
         };
         let name: Name = "localhost".parse().unwrap();
         let addrs: Vec<SocketAddr> = allowing.resolve(name).await.unwrap().collect();
         assert!(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
+    }
+
+    fn loopback() -> Outbound {
+        Outbound::new(vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn srv_routed_requests_connect_to_the_target_and_keep_the_host_header() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before the headers ended");
+                request.extend_from_slice(&buf[..n]);
+            }
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await
+                .unwrap();
+            String::from_utf8(request).unwrap()
+        });
+        // The URL names a host that does not exist; its recorded target is
+        // localhost, where the listener is.
+        let url = format!("http://delegated.invalid:{port}/_matrix/federation/v1/version");
+        let response = loopback()
+            .federation_request_via(reqwest::Method::GET, &url, Some("localhost"))
+            .unwrap()
+            .header(reqwest::header::HOST, "delegated.invalid")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.text().await.unwrap(), "ok");
+        let request = server.await.unwrap().to_ascii_lowercase();
+        assert!(request.starts_with("get /_matrix/federation/v1/version http/1.1\r\n"), "{request}");
+        let hosts: Vec<&str> = request.lines().filter(|l| l.starts_with("host:")).collect();
+        assert_eq!(hosts, ["host: delegated.invalid"], "exactly our Host header: {request}");
+    }
+
+    #[tokio::test]
+    async fn srv_routed_tls_names_the_delegated_host_not_the_target() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let acceptor = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), socket);
+            let start = acceptor.await.unwrap();
+            // No certificate to offer: the handshake ends here, the client fails.
+            start.client_hello().server_name().map(str::to_owned)
+        });
+        let url = format!("https://matrix.delegated.invalid:{port}/_matrix/key/v2/server");
+        let sent = loopback()
+            .federation_request_via(reqwest::Method::GET, &url, Some("127.0.0.1"))
+            .unwrap()
+            .send()
+            .await;
+        assert!(sent.is_err());
+        // A guard, not a wait: the client has already given up by now.
+        let hello = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("no connection reached the target");
+        assert_eq!(
+            hello.unwrap().as_deref(),
+            Some("matrix.delegated.invalid"),
+            "SNI (and so the certificate check) is for the delegated name"
+        );
+    }
+
+    #[tokio::test]
+    async fn srv_targets_are_held_to_the_address_policy() {
+        let outbound = Outbound::new(Vec::new()).unwrap();
+        let url = "https://delegated.invalid:8448/_matrix/key/v2/server";
+        for target in ["localhost", "127.0.0.1", "::1"] {
+            let sent = outbound
+                .federation_request_via(reqwest::Method::GET, url, Some(target))
+                .unwrap()
+                .send()
+                .await;
+            let error = OutboundError::from(sent.unwrap_err()).to_string();
+            assert!(error.contains("address not allowed"), "{target}: {error}");
+        }
+        // An IP-literal URL cannot be routed (nothing resolves it).
+        let routed =
+            outbound.federation_request_via(reqwest::Method::GET, "https://8.8.8.8/x", Some("a.example"));
+        assert!(matches!(routed, Err(OutboundError::BadUrl(_))));
+        // The routing client refuses names it has no route for.
+        let resolver = CheckedResolver {
+            policy: Arc::new(IpPolicy::default()),
+            routes: Some(Arc::new(SrvRoutes::default())),
+        };
+        assert!(resolver.resolve("example.org".parse().unwrap()).await.is_err());
     }
 }

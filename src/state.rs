@@ -59,6 +59,8 @@ pub struct Services {
     pub key_fetch_backoff: crate::federation::keys::FetchBackoff,
     /// The tasks sending our events to other servers.
     pub federation_sender: crate::federation::sender::Sender,
+    /// Where other servers are reached (well-known cache, SRV).
+    pub server_resolver: crate::federation::resolve::Resolver,
 }
 
 impl AppState {
@@ -83,6 +85,7 @@ impl AppState {
             presence: crate::sync::presence::PresenceMap::default(),
             counts: crate::notify::CountCache::default(),
             pusher_users: std::sync::RwLock::new(pusher_users),
+            server_resolver: crate::federation::resolve::Resolver::new(outbound.clone()),
             outbound,
             push_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(crate::notify::MAX_PUSHES_IN_FLIGHT)),
             tokens: crate::account::TokenCache::default(),

@@ -1,13 +1,15 @@
 //! Federation, the domain side: where another server is reached
-//! ([`base_url`]), requests to it signed with our key (X-Matrix) and sent
-//! through the one outbound client ([`send`]), and the server keys
-//! ([`keys`]: ours as published, other servers' fetched and cached).
+//! ([`resolve`]: the spec's server name resolution), requests to it signed
+//! with our key (X-Matrix) and sent through the one outbound client
+//! ([`send`]), and the server keys ([`keys`]: ours as published, other
+//! servers' fetched and cached).
 
 pub mod incoming;
 pub mod invites;
 pub mod joining;
 pub mod keys;
 pub mod resident;
+pub mod resolve;
 pub mod sender;
 
 use ruma::api::auth_scheme::{AuthScheme, NoAuthentication};
@@ -36,13 +38,9 @@ pub enum FederationError {
     /// The server answered with a body that does not parse.
     #[error("{0}")]
     Response(String),
-}
-
-/// The base URL of `server`'s federation API. A server name that is an IP
-/// address or carries a port is contacted there directly; a bare host name on
-/// port 8448. `.well-known/matrix/server` and SRV records are not consulted yet.
-pub fn base_url(server: &ServerName) -> String {
-    if server.port().is_some() { format!("https://{server}") } else { format!("https://{server}:8448") }
+    /// The server's SRV record says it offers no federation (target ".").
+    #[error("{0} offers no federation service (SRV target \".\")")]
+    NoService(String),
 }
 
 /// How a request authenticates: signed by us (X-Matrix) or not at all.
@@ -70,7 +68,8 @@ impl Signing for NoAuthentication {
 }
 
 /// Sends `request` to `destination` (signed with our key when the endpoint
-/// asks for X-Matrix) and parses the answer.
+/// asks for X-Matrix; `destination` is the server name, whatever delegation
+/// says) where [`resolve`] says it goes, and parses the answer.
 pub async fn send<T>(
     state: &AppState,
     destination: &ServerName,
@@ -100,14 +99,20 @@ where
         destination.to_owned(),
         &state.signing_key.pair,
     );
+    let route = state.server_resolver.resolve(destination).await?;
     let http_request: http::Request<Vec<u8>> = request
-        .try_into_http_request(&base_url(destination), input, ())
+        .try_into_http_request(&route.base_url(), input, ())
         .map_err(|e| FederationError::Build(e.to_string()))?;
     let (parts, body) = http_request.into_parts();
-    let mut builder = state.outbound.federation_request(parts.method, &parts.uri.to_string())?;
+    let mut builder = state.outbound.federation_request_via(
+        parts.method,
+        &parts.uri.to_string(),
+        route.connect_to.as_deref(),
+    )?;
     for (name, value) in &parts.headers {
         builder = builder.header(name, value);
     }
+    builder = builder.header(http::header::HOST, route.host_header.as_str());
     let response = builder.body(body).send().await.map_err(crate::outbound::OutboundError::from)?;
     let status = response.status();
     let bytes = crate::outbound::read_capped(response, max_reply).await?;
@@ -121,19 +126,4 @@ where
         .map_err(|e| FederationError::Response(e.to_string()))?;
     T::IncomingResponse::try_from_http_response(http_response)
         .map_err(|e| FederationError::Response(format!("{destination} answered {status}: {e}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn server_names_with_a_port_or_an_ip_are_contacted_directly() {
-        let url = |s: &str| base_url(<&ServerName>::try_from(s).unwrap());
-        assert_eq!(url("127.0.0.1:8448"), "https://127.0.0.1:8448");
-        assert_eq!(url("localhost:18612"), "https://localhost:18612");
-        assert_eq!(url("[::1]:8448"), "https://[::1]:8448");
-        assert_eq!(url("example.org"), "https://example.org:8448");
-        assert_eq!(url("1.2.3.4"), "https://1.2.3.4:8448");
-    }
 }
