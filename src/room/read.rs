@@ -204,8 +204,14 @@ async fn floor(state: &AppState, view: &RoomView, max_lifetime: Option<i64>, use
 async fn hv_line(state: &AppState, room_id: &str) -> Result<HvLine> {
     let mut changes = Vec::new();
     for (seq, json) in events::state_changes(&state.db, room_id, "m.room.history_visibility", "").await? {
-        let value: Value = serde_json::from_str(&json).unwrap_or_default();
-        let hv = value["content"]["history_visibility"].as_str().map_or(Hv::Joined, Hv::parse);
+        let hv = match json {
+            Some(json) => {
+                let value: Value = serde_json::from_str(&json).unwrap_or_default();
+                value["content"]["history_visibility"].as_str().map_or(Hv::Joined, Hv::parse)
+            }
+            // No history visibility: the spec's default.
+            None => Hv::Shared,
+        };
         changes.push((seq, hv));
     }
     Ok(HvLine { changes })

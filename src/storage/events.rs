@@ -1,5 +1,11 @@
-//! The `events` table (each room's seq line), `room_state` (current state) and
-//! `txn_ids` (idempotent sends).
+//! The `events` table (each room's seq line), `room_state` (current state),
+//! the readers of the state as of a seq (over `state_runs`, see
+//! [`super::state_runs`]) and `txn_ids` (idempotent sends).
+//!
+//! The state readers return outliers too (a room joined over federation
+//! starts with a state of outliers): such a [`StoredEvent`] has the seq of
+//! the position whose state names it. Lookups by id ([`by_id`]) return
+//! placed events only; [`super::outliers::held_by_id`] returns either.
 
 use sqlx::AnyConnection;
 
@@ -33,6 +39,26 @@ fn from_row((room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): 
 
 const COLUMNS: &str = "e.room_id, e.seq, e.event_id, e.json, e.redacted_by, e.txn_device_id, e.txn_id";
 
+/// A state row `r` (of `state_runs` or `room_state`) with the event it names,
+/// placed (`e`) or outlier (`o`): the columns of [`RunRow`]. A placed event
+/// keeps its own seq; an outlier takes the row's.
+const RUN_COLUMNS: &str = "r.room_id, COALESCE(e.seq, r.seq), r.event_id, COALESCE(e.json, o.json), \
+     e.redacted_by, e.txn_device_id, e.txn_id";
+
+/// The joins behind [`RUN_COLUMNS`].
+const RUN_JOINS: &str =
+    "LEFT JOIN events e ON e.event_id = r.event_id LEFT JOIN outliers o ON o.event_id = r.event_id";
+
+/// A row of [`RUN_COLUMNS`]: event id and JSON are NULL where the row says
+/// the key is absent (or names an event not held).
+type RunRow = (String, i64, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+
+fn from_run_row(
+    (room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): RunRow,
+) -> Option<StoredEvent> {
+    Some(StoredEvent { room_id, seq, event_id: event_id?, json: json?, redacted_by, txn_device_id, txn_id })
+}
+
 /// A new row for the `events` table.
 #[derive(Debug)]
 pub struct NewEvent<'a> {
@@ -58,9 +84,15 @@ pub struct NewEvent<'a> {
     pub txn: Option<(&'a str, &'a str)>,
     /// For member events, `content.membership`.
     pub membership: Option<&'a str>,
+    /// Its `prev_events`.
+    pub prev_events: &'a [&'a str],
+    /// Its `auth_events`.
+    pub auth_events: &'a [&'a str],
 }
 
-/// Appends an event at its seq and, for state events, makes it current state.
+/// Appends an event at its seq with its DAG edges and, for state events,
+/// records the change in `state_runs` (the state after an accepted state
+/// event holds it for its own key) and makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO events (room_id, seq, stream, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id) \
@@ -79,21 +111,40 @@ pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     .bind(e.txn.map(|t| t.1))
     .execute(&mut *conn)
     .await?;
+    super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await?;
     if let Some(state_key) = e.state_key {
-        sqlx::query(
-            "INSERT INTO room_state (room_id, event_type, state_key, event_id, membership, seq) VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET \
-               event_id = excluded.event_id, membership = excluded.membership, seq = excluded.seq",
-        )
-        .bind(e.room_id)
-        .bind(e.event_type)
-        .bind(state_key)
-        .bind(e.event_id)
-        .bind(e.membership)
-        .bind(e.seq)
-        .execute(conn)
-        .await?;
+        super::state_runs::record(conn, e.room_id, e.event_type, state_key, e.seq, Some(e.event_id)).await?;
+        set_current(conn, e.room_id, e.event_type, state_key, e.event_id, e.membership, e.seq).await?;
     }
+    Ok(())
+}
+
+/// Makes `event_id` (placed or outlier) the current state for (type, state
+/// key), as of position `seq`; `membership` is a member event's
+/// `content.membership`. `room_state` also lists the keys the state readers
+/// visit: every key with a `state_runs` row needs a row here.
+pub async fn set_current(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+    event_id: &str,
+    membership: Option<&str>,
+    seq: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO room_state (room_id, event_type, state_key, event_id, membership, seq) VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET \
+           event_id = excluded.event_id, membership = excluded.membership, seq = excluded.seq",
+    )
+    .bind(room_id)
+    .bind(event_type)
+    .bind(state_key)
+    .bind(event_id)
+    .bind(membership)
+    .bind(seq)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -104,28 +155,28 @@ pub async fn current_state_event(
     event_type: &str,
     state_key: &str,
 ) -> Result<Option<StoredEvent>> {
-    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM room_state s JOIN events e ON e.event_id = s.event_id \
-         WHERE s.room_id = $1 AND s.event_type = $2 AND s.state_key = $3"
+    let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {RUN_COLUMNS} FROM room_state r {RUN_JOINS} \
+         WHERE r.room_id = $1 AND r.event_type = $2 AND r.state_key = $3"
     )))
     .bind(room_id)
     .bind(event_type)
     .bind(state_key)
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(from_row))
+    Ok(row.and_then(from_run_row))
 }
 
 /// Every current state event of a room, in seq order.
 pub async fn current_state(db: &Db, room_id: &str) -> Result<Vec<StoredEvent>> {
-    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM room_state s JOIN events e ON e.event_id = s.event_id \
-         WHERE s.room_id = $1 ORDER BY e.seq"
+    let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {RUN_COLUMNS} FROM room_state r {RUN_JOINS} \
+         WHERE r.room_id = $1 ORDER BY 2, r.event_type, r.state_key"
     )))
     .bind(room_id)
     .fetch_all(&db.pool)
     .await?;
-    Ok(rows.into_iter().map(from_row).collect())
+    Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
 
 /// The current state event for (type, state key).
@@ -233,19 +284,16 @@ pub async fn current_membership(db: &Db, room_id: &str, user_id: &str) -> Result
     Ok(row.flatten())
 }
 
-/// Every membership change of one user in one room: (seq, membership), in order.
+/// Every membership change of one user in one room: (seq, membership), in
+/// order of the positions whose state it changed (a key gone absent reads as
+/// "leave").
 pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<MemberChange>> {
-    let rows: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = 'm.room.member' AND state_key = $2 ORDER BY seq",
-    )
-    .bind(room_id)
-    .bind(user_id)
-    .fetch_all(&db.pool)
-    .await?;
-    Ok(rows
+    Ok(state_changes(db, room_id, "m.room.member", user_id)
+        .await?
         .into_iter()
         .map(|(seq, json)| {
-            let value = serde_json::from_str::<serde_json::Value>(&json).unwrap_or_default();
+            let value =
+                json.and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok()).unwrap_or_default();
             let content = &value["content"];
             MemberChange {
                 seq,
@@ -267,15 +315,18 @@ pub struct MemberChange {
     pub display_name: Option<String>,
 }
 
-/// Every event of one state type and key in a room: (seq, PDU json), in seq order.
+/// Every change of one state key in a room: (seq, PDU json), in seq order;
+/// `None` where the key became absent.
 pub async fn state_changes(
     db: &Db,
     room_id: &str,
     event_type: &str,
     state_key: &str,
-) -> Result<Vec<(i64, String)>> {
+) -> Result<Vec<(i64, Option<String>)>> {
     Ok(sqlx::query_as(
-        "SELECT seq, json FROM events WHERE room_id = $1 AND event_type = $2 AND state_key = $3 ORDER BY seq",
+        "SELECT r.seq, COALESCE(e.json, o.json) FROM state_runs r \
+         LEFT JOIN events e ON e.event_id = r.event_id LEFT JOIN outliers o ON o.event_id = r.event_id \
+         WHERE r.room_id = $1 AND r.event_type = $2 AND r.state_key = $3 ORDER BY r.seq",
     )
     .bind(room_id)
     .bind(event_type)
@@ -319,11 +370,11 @@ pub async fn range(
     Ok(rows.into_iter().map(from_row).collect())
 }
 
-/// The room's state as of seq `at` (each key's latest event at or below it).
-/// Driven by the room's state keys (every key ever set is in `room_state`),
-/// one index seek each: the cost follows the size of the state, not the
-/// length of the timeline. (Written as `seq IN (...)` rather than a join:
-/// SQLite planned the join as a walk over every event of the room.)
+/// The room's state as of seq `at` (each key's latest `state_runs` row at or
+/// below it), in seq order. Driven by the room's state keys (every key ever
+/// set is in `room_state`), one index seek each: the cost follows the size of
+/// the state, not the length of the timeline. (`CROSS JOIN` keeps SQLite
+/// from starting at `state_runs` and walking every row of the room.)
 pub async fn state_at(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent>> {
     state_at_where(db, room_id, at, "").await
 }
@@ -334,18 +385,12 @@ pub async fn state_at_without_members(db: &Db, room_id: &str, at: i64) -> Result
 }
 
 async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<Vec<StoredEvent>> {
-    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq IN \
-           (SELECT (SELECT MAX(x.seq) FROM events x WHERE x.room_id = s.room_id \
-                      AND x.event_type = s.event_type AND x.state_key = s.state_key AND x.seq <= $2) \
-            FROM room_state s WHERE s.room_id = $1 {extra}) \
-         ORDER BY e.seq"
-    )))
-    .bind(room_id)
-    .bind(at)
-    .fetch_all(&db.pool)
-    .await?;
-    Ok(rows.into_iter().map(from_row).collect())
+    let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql::state_at(extra)))
+        .bind(room_id)
+        .bind(at)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
 
 /// One state event as of seq `at`.
@@ -356,37 +401,67 @@ pub async fn state_event_at(
     state_key: &str,
     at: i64,
 ) -> Result<Option<StoredEvent>> {
-    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.event_type = $2 AND e.state_key = $3 \
-           AND e.seq <= $4 ORDER BY e.seq DESC LIMIT 1"
-    )))
-    .bind(room_id)
-    .bind(event_type)
-    .bind(state_key)
-    .bind(at)
-    .fetch_optional(&db.pool)
-    .await?;
-    Ok(row.map(from_row))
+    let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql::state_event_at()))
+        .bind(room_id)
+        .bind(event_type)
+        .bind(state_key)
+        .bind(at)
+        .fetch_optional(&db.pool)
+        .await?;
+    Ok(row.and_then(from_run_row))
 }
 
 /// The state as of `at` restricted to keys that changed in `(after, at]`:
-/// what an incremental sync must send: each changed key's last event in that
-/// stretch. Walks only the stretch's state events (`events_state_changes`),
-/// never its messages, with one seek per change to see whether it is the last.
+/// what an incremental sync must send: each changed key's last row in that
+/// stretch (a key that became absent has nothing to send). A range scan over
+/// the stretch's `state_runs` rows, never its messages, with one seek per
+/// row to see whether it is the key's last.
 pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) -> Result<Vec<StoredEvent>> {
-    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq > $2 AND e.seq <= $3 \
-           AND e.state_key IS NOT NULL AND NOT EXISTS \
-           (SELECT 1 FROM events y WHERE y.room_id = e.room_id AND y.event_type = e.event_type \
-              AND y.state_key = e.state_key AND y.seq > e.seq AND y.seq <= $3) \
-         ORDER BY e.seq"
-    )))
-    .bind(room_id)
-    .bind(after)
-    .bind(at)
-    .fetch_all(&db.pool)
-    .await?;
-    Ok(rows.into_iter().map(from_row).collect())
+    let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql::state_changed_between()))
+        .bind(room_id)
+        .bind(after)
+        .bind(at)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows.into_iter().filter_map(from_run_row).collect())
+}
+
+/// The SQL of the state readers (apart, so that tests can show its plans).
+pub(super) mod sql {
+    use super::{RUN_COLUMNS, RUN_JOINS};
+
+    /// [`super::state_at`]: $1 room, $2 seq; `extra` narrows the keys (`s`).
+    pub(in crate::storage) fn state_at(extra: &str) -> String {
+        format!(
+            "SELECT {RUN_COLUMNS} FROM room_state s CROSS JOIN state_runs r {RUN_JOINS} \
+             WHERE s.room_id = $1 {extra} \
+               AND r.room_id = s.room_id AND r.event_type = s.event_type AND r.state_key = s.state_key \
+               AND r.seq = (SELECT MAX(x.seq) FROM state_runs x WHERE x.room_id = s.room_id \
+                              AND x.event_type = s.event_type AND x.state_key = s.state_key AND x.seq <= $2) \
+               AND r.event_id IS NOT NULL \
+             ORDER BY 2, r.event_type, r.state_key"
+        )
+    }
+
+    /// [`super::state_event_at`]: $1 room, $2 type, $3 state key, $4 seq.
+    pub(in crate::storage) fn state_event_at() -> String {
+        format!(
+            "SELECT {RUN_COLUMNS} FROM state_runs r {RUN_JOINS} \
+             WHERE r.room_id = $1 AND r.event_type = $2 AND r.state_key = $3 AND r.seq <= $4 \
+             ORDER BY r.seq DESC LIMIT 1"
+        )
+    }
+
+    /// [`super::state_changed_between`]: $1 room, $2 after, $3 at.
+    pub(in crate::storage) fn state_changed_between() -> String {
+        format!(
+            "SELECT {RUN_COLUMNS} FROM state_runs r {RUN_JOINS} \
+             WHERE r.room_id = $1 AND r.seq > $2 AND r.seq <= $3 AND r.event_id IS NOT NULL AND NOT EXISTS \
+               (SELECT 1 FROM state_runs y WHERE y.room_id = r.room_id AND y.event_type = r.event_type \
+                  AND y.state_key = r.state_key AND y.seq > r.seq AND y.seq <= $3) \
+             ORDER BY 2, r.event_type, r.state_key"
+        )
+    }
 }
 
 /// Member counts of a room by membership.

@@ -10,15 +10,18 @@
 pub mod account_data;
 pub mod aliases;
 pub mod backup;
+pub mod dag;
 pub mod devices;
 pub mod events;
 pub mod federation;
 pub mod keys;
 pub mod media;
 pub mod memberships;
+pub mod outliers;
 pub mod receipts;
 pub mod rooms;
 pub mod server_keys;
+pub mod state_runs;
 pub mod uia;
 pub mod users;
 
@@ -155,6 +158,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (14, "pusher_device", include_str!("../../migrations/sqlite/0014_pusher_device.sql")),
     (15, "room_summaries", include_str!("../../migrations/sqlite/0015_room_summaries.sql")),
     (16, "server_keys", include_str!("../../migrations/sqlite/0016_server_keys.sql")),
+    (17, "state_runs", include_str!("../../migrations/sqlite/0017_state_runs.sql")),
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
 ];
@@ -176,6 +180,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (14, "pusher_device", include_str!("../../migrations/postgres/0014_pusher_device.sql")),
     (15, "room_summaries", include_str!("../../migrations/postgres/0015_room_summaries.sql")),
     (16, "server_keys", include_str!("../../migrations/postgres/0016_server_keys.sql")),
+    (17, "state_runs", include_str!("../../migrations/postgres/0017_state_runs.sql")),
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
 ];
@@ -184,6 +189,16 @@ impl Db {
     /// Connects (creating the SQLite file if needed) and applies pending
     /// migrations.
     pub async fn connect(url: &str, synchronous: SqliteSynchronous) -> Result<Self> {
+        Self::connect_migrated_to(url, synchronous, i64::MAX).await
+    }
+
+    /// [`Db::connect`], applying the migrations up to version `last` only
+    /// (tests of a migration open the database at the version before it).
+    pub(crate) async fn connect_migrated_to(
+        url: &str,
+        synchronous: SqliteSynchronous,
+        last: i64,
+    ) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") { Backend::Sqlite } else { Backend::Postgres };
         let url = match backend {
@@ -226,17 +241,19 @@ impl Db {
         let checkpointer = (backend == Backend::Sqlite)
             .then(|| Arc::new(spawn_checkpointer(pool.clone(), sqlite_writer.clone())));
         let db = Self { pool, backend, sqlite_writer, _checkpointer: checkpointer };
-        db.migrate().await?;
+        db.migrate(last).await?;
         Ok(db)
     }
 
-    async fn migrate(&self) -> Result<()> {
+    /// Applies the pending migrations up to version `last`.
+    async fn migrate(&self, last: i64) -> Result<()> {
         let set = match self.backend {
             Backend::Sqlite => SQLITE_MIGRATIONS,
             Backend::Postgres => POSTGRES_MIGRATIONS,
         };
         let migrations = set
             .iter()
+            .filter(|(version, _, _)| *version <= last)
             .map(|(version, description, sql)| {
                 Migration::new(
                     *version,
@@ -317,6 +334,9 @@ pub fn split_column(joined: Option<String>) -> Vec<String> {
 pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
+
+#[cfg(test)]
+mod state_tests;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,148 @@
+//! `outliers`: events we hold that are not on any room's line (the auth
+//! chain and state of a send_join answer, remote invites, out-of-band
+//! leaves), and the lookups of "any event we hold", placed or outlier, for
+//! federation. Client-facing lookups ([`super::events::by_id`]) never return
+//! outliers.
+
+use sqlx::AnyConnection;
+
+use super::Db;
+use crate::error::Result;
+
+/// A new outlier.
+#[derive(Debug)]
+pub struct NewOutlier<'a> {
+    /// Event id.
+    pub event_id: &'a str,
+    /// Its room.
+    pub room_id: &'a str,
+    /// Type.
+    pub event_type: &'a str,
+    /// State key.
+    pub state_key: Option<&'a str>,
+    /// Sender.
+    pub sender: &'a str,
+    /// `origin_server_ts`.
+    pub origin_server_ts: i64,
+    /// The PDU as received.
+    pub json: &'a str,
+    /// Its `auth_events` (written to `event_auth_edges`).
+    pub auth_events: &'a [&'a str],
+    /// When we received it.
+    pub received_ts: i64,
+}
+
+/// Stores an outlier with its auth edges; false (and nothing written) when
+/// the event is held already, as an outlier or placed.
+pub async fn insert(conn: &mut AnyConnection, o: &NewOutlier<'_>) -> Result<bool> {
+    let placed: Option<i64> = sqlx::query_scalar("SELECT seq FROM events WHERE event_id = $1")
+        .bind(o.event_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if placed.is_some() {
+        return Ok(false);
+    }
+    let done = sqlx::query(
+        "INSERT INTO outliers (event_id, room_id, event_type, state_key, sender, origin_server_ts, json, received_ts) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(o.event_id)
+    .bind(o.room_id)
+    .bind(o.event_type)
+    .bind(o.state_key)
+    .bind(o.sender)
+    .bind(o.origin_server_ts)
+    .bind(o.json)
+    .bind(o.received_ts)
+    .execute(&mut *conn)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    super::dag::insert_edges(conn, o.event_id, &[], o.auth_events).await?;
+    Ok(true)
+}
+
+/// Forgets an outlier that is being placed (its row in `events` takes
+/// over; its auth edges stay).
+pub async fn remove(conn: &mut AnyConnection, event_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM outliers WHERE event_id = $1").bind(event_id).execute(conn).await?;
+    Ok(())
+}
+
+/// An event we hold, placed on a room's line or an outlier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// Event id.
+    pub event_id: String,
+    /// Its room.
+    pub room_id: String,
+    /// Its seq; `None` for an outlier.
+    pub seq: Option<i64>,
+    /// The full PDU.
+    pub json: String,
+}
+
+type HeldRow = (String, String, Option<i64>, String);
+
+/// Placed events first, so that an event found in both is taken as placed.
+fn held_sql(condition: &str) -> String {
+    format!(
+        "SELECT event_id, room_id, seq, json FROM events WHERE event_id {condition} \
+         UNION ALL SELECT event_id, room_id, NULL, json FROM outliers WHERE event_id {condition}"
+    )
+}
+
+fn pick(rows: Vec<HeldRow>) -> Option<Held> {
+    let mut rows: Vec<Held> = rows
+        .into_iter()
+        .map(|(event_id, room_id, seq, json)| Held { event_id, room_id, seq, json })
+        .collect();
+    rows.sort_by_key(|h| h.seq.is_none());
+    rows.into_iter().next()
+}
+
+/// Any event we hold by id (for federation: clients use [`super::events::by_id`]).
+pub async fn held_by_id(db: &Db, event_id: &str) -> Result<Option<Held>> {
+    let mut conn = db.pool.acquire().await?;
+    held_by_id_tx(&mut conn, event_id).await
+}
+
+/// [`held_by_id`] inside a transaction.
+pub async fn held_by_id_tx(conn: &mut AnyConnection, event_id: &str) -> Result<Option<Held>> {
+    let rows: Vec<HeldRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(held_sql("= $1"))).bind(event_id).fetch_all(conn).await?;
+    Ok(pick(rows))
+}
+
+/// Ids per `IN (...)` list.
+pub(super) const IDS_PER_QUERY: usize = 500;
+
+/// `IN ($1, ..., $n)`.
+pub(super) fn in_list(n: usize) -> String {
+    let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+    format!("IN ({})", params.join(", "))
+}
+
+/// The events we hold among `ids` (placed or outlier), in no particular
+/// order, each once; ids not held are left out.
+pub async fn held_by_ids(db: &Db, ids: &[&str]) -> Result<Vec<Held>> {
+    let mut found = std::collections::HashMap::new();
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let sql = held_sql(&in_list(chunk.len()));
+        let mut query = sqlx::query_as::<_, HeldRow>(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for (event_id, room_id, seq, json) in query.fetch_all(&db.pool).await? {
+            let held = Held { event_id: event_id.clone(), room_id, seq, json };
+            match found.get(&event_id) {
+                Some(Held { seq: Some(_), .. }) => {}
+                _ => {
+                    found.insert(event_id, held);
+                }
+            }
+        }
+    }
+    Ok(found.into_values().collect())
+}

@@ -1,0 +1,125 @@
+//! `state_runs`: the state after every placed event, run-length encoded.
+//!
+//! A row `(room, type, state_key, seq, event_id)` exists iff the state after
+//! the event at `seq` differs in that key from the state at the previous
+//! placed position; `event_id` NULL says the key is absent from there on.
+//! The state as of a seq is, per key, the latest row at or below it (the
+//! readers are in [`super::events`]: `state_at`, `state_event_at`,
+//! `state_changed_between`, ...). The keys those readers visit are the
+//! room's keys in `room_state`: every key that has a row here must have a
+//! `room_state` row too (see [`super::events::set_current`]).
+//!
+//! On a linear room there is exactly one row per state event, written by
+//! [`super::events::insert`]; [`write_snapshot`] writes a whole state at one
+//! position (the first position of a room joined over federation).
+
+use std::collections::{BTreeMap, HashMap};
+
+use sqlx::AnyConnection;
+
+use crate::error::Result;
+
+/// Rows per INSERT statement (5 parameters each).
+const ROWS_PER_INSERT: usize = 100;
+
+/// One row: the state after `seq` holds `event_id` for (type, key), or
+/// nothing (`None`).
+pub async fn record(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+    seq: i64,
+    event_id: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO state_runs (room_id, event_type, state_key, seq, event_id) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(room_id)
+    .bind(event_type)
+    .bind(state_key)
+    .bind(seq)
+    .bind(event_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Makes the state after position `seq` exactly `entries` (type, state key,
+/// event id; a key listed twice takes its last entry): whatever rows `seq`
+/// had are replaced by one row per key whose event differs from the state
+/// at the previous position, and a NULL row per key that state had and
+/// `entries` lacks. For a room with no state yet, that is a row per entry.
+/// Returns the number of rows written.
+///
+/// The events named must be held (placed or outliers) for the readers to
+/// return them, and every key must be in `room_state` for them to visit it
+/// ([`super::events::set_current`] for a snapshot at the head). Positions
+/// after `seq` are not touched: at the head there are none; elsewhere the
+/// caller rewrites the next position's rows against this state.
+pub async fn write_snapshot(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    seq: i64,
+    entries: &[(&str, &str, &str)],
+) -> Result<usize> {
+    sqlx::query("DELETE FROM state_runs WHERE room_id = $1 AND seq = $2")
+        .bind(room_id)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    let before = state_before(conn, room_id, seq).await?;
+    let wanted: BTreeMap<(&str, &str), &str> = entries.iter().map(|(t, k, e)| ((*t, *k), *e)).collect();
+
+    let mut rows: Vec<(&str, &str, Option<&str>)> = Vec::new();
+    for (&(t, k), &e) in &wanted {
+        let unchanged =
+            before.get(&(t.to_owned(), k.to_owned())).is_some_and(|held| held.as_deref() == Some(e));
+        if !unchanged {
+            rows.push((t, k, Some(e)));
+        }
+    }
+    for ((t, k), held) in &before {
+        if held.is_some() && !wanted.contains_key(&(t.as_str(), k.as_str())) {
+            rows.push((t, k, None));
+        }
+    }
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let mut sql =
+            String::from("INSERT INTO state_runs (room_id, event_type, state_key, seq, event_id) VALUES ");
+        for i in 0..chunk.len() {
+            let p = i * 5;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("(${}, ${}, ${}, ${}, ${})", p + 1, p + 2, p + 3, p + 4, p + 5));
+        }
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (t, k, e) in chunk {
+            query = query.bind(room_id).bind(*t).bind(*k).bind(seq).bind(*e);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(rows.len())
+}
+
+/// The state at the last position before `seq`, per key (`None`: absent),
+/// over every key the room has rows for. Reads all the room's rows below
+/// `seq`: for snapshots, which are rare, not for serving.
+async fn state_before(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    seq: i64,
+) -> Result<HashMap<(String, String), Option<String>>> {
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT r.event_type, r.state_key, r.event_id FROM state_runs r \
+         WHERE r.room_id = $1 AND r.seq < $2 AND NOT EXISTS \
+           (SELECT 1 FROM state_runs y WHERE y.room_id = r.room_id AND y.event_type = r.event_type \
+              AND y.state_key = r.state_key AND y.seq > r.seq AND y.seq < $2)",
+    )
+    .bind(room_id)
+    .bind(seq)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
+}
