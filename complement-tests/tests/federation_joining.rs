@@ -12,7 +12,11 @@ use complement_tests::harness::{Backend, User};
 use complement_tests::synapse::{Synapse, SynapseOptions};
 use serde_json::{Value, json};
 
-backend_tests!(synapse_invites_a_seqline_user_who_rejects);
+backend_tests!(
+    synapse_invites_a_seqline_user_who_rejects,
+    seqline_user_joins_a_synapse_room_v12,
+    seqline_user_joins_a_synapse_room_v10,
+);
 
 /// Waits (up to 30 s) until `check` answers `Some`, asking again every 100 ms.
 async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
@@ -113,4 +117,121 @@ async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
     // Turning it down twice is refused.
     let (status, _) = seq.server.post(&room_path(&room, "/leave"), Some(&alice.token), json!({})).await;
     assert_eq!(status, 403);
+}
+
+async fn seqline_user_joins_a_synapse_room_v12(backend: Backend) {
+    joins_a_synapse_room(backend, "12").await;
+}
+
+async fn seqline_user_joins_a_synapse_room_v10(backend: Backend) {
+    joins_a_synapse_room(backend, "10").await;
+}
+
+/// The bodies of a /messages page (dir=b), oldest first.
+fn bodies(page: &Value) -> Vec<String> {
+    let mut out: Vec<String> = page["chunk"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "m.room.message")
+        .filter_map(|e| e["content"]["body"].as_str().map(str::to_owned))
+        .collect();
+    out.reverse();
+    out
+}
+
+async fn joins_a_synapse_room(backend: Backend, version: &str) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let bob = syn.register("bob", "pw").await;
+    let bob_id = syn.user_id("bob");
+    let (status, created) = syn
+        .post(
+            &format!("{V3}/createRoom"),
+            Some(&bob.token),
+            json!({ "preset": "public_chat", "room_version": version, "name": "On Synapse" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    let (status, _) = syn
+        .put(
+            &room_path(&room, "/send/m.room.message/b0"),
+            Some(&bob.token),
+            json!({ "msgtype": "m.text", "body": "before alice" }),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    // Alice joins through Synapse (the room id alone may not name it).
+    let path = format!("{V3}/join/{}?server_name={}", enc(&room), enc(&syn.name));
+    let (status, body) = seq.server.post(&path, Some(&alice.token), json!({})).await;
+    assert_eq!(status, 200, "{body}\n{}\n{}", seq.server.log(), syn.log_tail());
+    assert_eq!(body["room_id"], room.as_str());
+
+    // Both servers agree on who is in.
+    let (status, members) = seq.server.get(&room_path(&room, "/joined_members"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{members}");
+    let mut here: Vec<String> = members["joined"].as_object().unwrap().keys().cloned().collect();
+    here.sort_unstable();
+    let mut expected = vec![alice_id.clone(), bob_id.clone()];
+    expected.sort_unstable();
+    assert_eq!(here, expected);
+    // The room's state is readable from the join on: its name, its creator's power.
+    let (status, name) = seq.server.get(&room_path(&room, "/state/m.room.name/"), Some(&alice.token)).await;
+    assert_eq!((status, name["name"].as_str()), (200, Some("On Synapse")), "{name}");
+    let initial = seqline_sync(&seq, &alice, None).await;
+    let joined = &initial["rooms"]["join"][&room];
+    assert!(joined.is_object(), "{initial}");
+    let since = initial["next_batch"].as_str().unwrap().to_owned();
+
+    // Bob talks; alice's sync gets it.
+    let (status, sent) = syn
+        .put(
+            &room_path(&room, "/send/m.room.message/b1"),
+            Some(&bob.token),
+            json!({ "msgtype": "m.text", "body": "welcome alice" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let bob_event = sent["event_id"].as_str().unwrap().to_owned();
+    eventually("bob's message in alice's sync", || async {
+        let body = seqline_sync(&seq, &alice, Some(&since)).await;
+        let timeline = &body["rooms"]["join"][&room]["timeline"]["events"];
+        timeline.as_array().into_iter().flatten().any(|e| e["event_id"] == bob_event.as_str()).then_some(())
+    })
+    .await;
+    // Alice answers; bob reads it on Synapse, after his own.
+    let (status, sent) = seq
+        .server
+        .put(
+            &room_path(&room, "/send/m.room.message/a1"),
+            Some(&alice.token),
+            json!({ "msgtype": "m.text", "body": "thanks bob" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let alice_event = sent["event_id"].as_str().unwrap().to_owned();
+    let page = eventually("alice's answer on Synapse", || async {
+        let (status, page) = syn.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&bob.token)).await;
+        (status == 200
+            && page["chunk"].as_array().unwrap().iter().any(|e| e["event_id"] == alice_event.as_str()))
+        .then_some(page)
+    })
+    .await;
+    assert_eq!(bodies(&page), ["before alice", "welcome alice", "thanks bob"], "{page}");
+    let (status, page) =
+        seq.server.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(bodies(&page), ["welcome alice", "thanks bob"], "{page}");
+
+    // Alice leaves; Synapse hears of it.
+    let (status, body) = seq.server.post(&room_path(&room, "/leave"), Some(&alice.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("alice's leave on Synapse", || async {
+        let (_, members) = syn.get(&room_path(&room, "/joined_members"), Some(&bob.token)).await;
+        (members["joined"].as_object().is_some_and(|m| !m.contains_key(&alice_id))).then_some(())
+    })
+    .await;
 }

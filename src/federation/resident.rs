@@ -20,16 +20,13 @@ use crate::room::visibility::SeqRanges;
 use crate::state::AppState;
 use crate::storage::events::{self, StoredEvent};
 use crate::storage::federation as store;
+use crate::storage::outliers::Held;
 
 /// Most events one `/backfill` answers (Synapse's cap).
 pub const MAX_BACKFILL: usize = 100;
 
 /// Most events one `/get_missing_events` answers (Synapse's cap).
 pub const MAX_MISSING: usize = 20;
-
-/// Most events an auth chain is walked to; a room whose chain is longer is
-/// refused rather than answered in part.
-const MAX_AUTH_CHAIN: usize = 100_000;
 
 /// Opens a room for another server's request; an unknown room, or one we
 /// are no longer in, is 404 (Synapse's "Unknown room").
@@ -163,7 +160,7 @@ pub async fn send_join(
     let chain = auth_chain(state, &roots).await?;
     Ok(Joined {
         state: before.into_iter().map(|e| raw_json(e.json)).collect::<Result<_>>()?,
-        auth_chain: chain.into_iter().map(|e| raw_json(e.json)).collect::<Result<_>>()?,
+        auth_chain: raw_held(chain)?,
         event: raw_json(pdu.to_json_string())?,
         servers_in_room: store::servers_in_room(&state.db, room_id.as_str()).await?,
     })
@@ -173,31 +170,17 @@ fn raw_json(json: String) -> Result<Box<RawJsonValue>> {
     RawJsonValue::from_string(json).map_err(|e| Error::Internal(format!("stored event: {e}")))
 }
 
-/// The auth chain of `roots` (their auth events, theirs, and so on; the
-/// roots themselves only where another root's chain reaches them), oldest
-/// first.
-async fn auth_chain(state: &AppState, roots: &[OwnedEventId]) -> Result<Vec<StoredEvent>> {
-    let mut seen: HashSet<OwnedEventId> = HashSet::new();
-    let mut queue: VecDeque<OwnedEventId> = VecDeque::new();
-    for root in roots {
-        let Some(stored) = events::by_id(&state.db, root.as_str()).await? else { continue };
-        queue.extend(Pdu::from_stored(&stored.event_id, &stored.json)?.auth_events);
-    }
-    let mut chain = Vec::new();
-    while let Some(id) = queue.pop_front() {
-        if !seen.insert(id.clone()) {
-            continue;
-        }
-        if seen.len() > MAX_AUTH_CHAIN {
-            return Err(Error::Internal("the auth chain is too long to answer".into()));
-        }
-        let Some(stored) = events::by_id(&state.db, id.as_str()).await? else { continue };
-        let pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
-        queue.extend(pdu.auth_events.into_iter().filter(|a| !seen.contains(a)));
-        chain.push(stored);
-    }
-    chain.sort_by_key(|e| e.seq);
-    Ok(chain)
+/// The auth chain of `roots` (their auth events, theirs, and so on), placed
+/// events and outliers alike (a room joined over federation starts with
+/// its auth events as outliers).
+async fn auth_chain(state: &AppState, roots: &[OwnedEventId]) -> Result<Vec<Held>> {
+    let ids: Vec<&str> = roots.iter().map(|id| id.as_str()).collect();
+    crate::storage::dag::auth_chain(&state.db, &ids).await
+}
+
+/// Held events as JSON for an answer.
+pub fn raw_held(events: Vec<Held>) -> Result<Vec<Box<RawJsonValue>>> {
+    events.into_iter().map(|e| raw_json(e.json)).collect()
 }
 
 /// An event as `server` may be sent it: whole where it may read it and the
@@ -240,7 +223,7 @@ pub async fn state_at_event(
     server: &ServerName,
     room_id: &RoomId,
     event_id: &EventId,
-) -> Result<(Vec<StoredEvent>, Vec<StoredEvent>)> {
+) -> Result<(Vec<StoredEvent>, Vec<Held>)> {
     let view = open_room(state, room_id).await?;
     read::server_access(state, &view, server).await?;
     let at = event_in_room(state, room_id.as_str(), event_id.as_str()).await?;
@@ -265,7 +248,7 @@ pub async fn event_auth(
     let view = open_room(state, room_id).await?;
     read::server_access(state, &view, server).await?;
     event_in_room(state, room_id.as_str(), event_id.as_str()).await?;
-    raw_events(auth_chain(state, &[event_id.to_owned()]).await?)
+    raw_held(auth_chain(state, &[event_id.to_owned()]).await?)
 }
 
 /// `/backfill/{roomId}`: up to `limit` events at and before the newest of

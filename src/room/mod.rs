@@ -17,6 +17,7 @@ pub mod pdu;
 pub mod power;
 pub mod read;
 pub mod redaction;
+pub mod remote;
 pub mod timeline;
 pub mod visibility;
 

@@ -274,7 +274,7 @@ impl RoomWriter {
         };
         let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
         let redacts = super::redaction::target(&self.rules, &pdu)?;
-        let allowed = self.check(&pdu, draft, redacts.as_ref()).await?;
+        let allowed = self.check(&pdu, draft, redacts.as_ref(), false).await?;
         Ok((pdu, redacts, allowed))
     }
 
@@ -287,6 +287,7 @@ impl RoomWriter {
         pdu: &Pdu,
         draft: &Draft,
         redacts: Option<&OwnedEventId>,
+        remote: bool,
     ) -> Result<Result<()>> {
         let allowed = authorize(
             &self.rules,
@@ -298,7 +299,7 @@ impl RoomWriter {
             return Ok(allowed);
         }
         if let Some(target) = redacts {
-            let allowed = self.check_redaction(pdu, target).await?;
+            let allowed = self.check_redaction(pdu, target, remote).await?;
             if allowed.is_err() {
                 return Ok(allowed);
             }
@@ -350,11 +351,13 @@ impl RoomWriter {
             if self.by_id.contains_key(id) {
                 continue;
             }
-            let stored = events::by_id_tx(self.tx.conn(), id.as_str())
+            // Placed or not: a room joined over federation starts with its
+            // auth events as outliers.
+            let held = crate::storage::outliers::held_by_id_tx(self.tx.conn(), id.as_str())
                 .await?
                 .filter(|e| e.room_id == self.room_id.as_str())
                 .ok_or_else(|| Error::Forbidden(format!("Auth event {id} is not known")))?;
-            let auth = Pdu::from_stored(&stored.event_id, &stored.json)?;
+            let auth = Pdu::from_stored(&held.event_id, &held.json)?;
             self.by_id.insert(auth.event_id.clone(), auth);
         }
         let auth_types = ruma::state_res::auth_types_for_event(
@@ -370,7 +373,7 @@ impl RoomWriter {
         }
         self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
         let redacts = super::redaction::target(&self.rules, &pdu)?;
-        self.check(&pdu, &draft, redacts.as_ref()).await??;
+        self.check(&pdu, &draft, redacts.as_ref(), true).await??;
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await
     }
@@ -482,8 +485,18 @@ impl RoomWriter {
 
     /// Whether `redaction` may redact `target` (see [`super::redaction`]): the
     /// outer error is a storage failure, the inner one the refusal.
-    async fn check_redaction(&mut self, redaction: &Pdu, target: &OwnedEventId) -> Result<Result<()>> {
+    async fn check_redaction(
+        &mut self,
+        redaction: &Pdu,
+        target: &OwnedEventId,
+        remote: bool,
+    ) -> Result<Result<()>> {
         let Some(stored) = events::by_id_tx(self.tx.conn(), target.as_str()).await? else {
+            // Another server may redact an event we have not received: the
+            // redaction stands and applies if the event ever arrives.
+            if remote {
+                return Ok(Ok(()));
+            }
             return Ok(Err(Error::NotFound("The event to redact is not known in this room".into())));
         };
         let target_pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;

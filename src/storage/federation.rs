@@ -26,6 +26,13 @@ pub async fn add_joined(
     Ok(())
 }
 
+/// Forgets who is in a room (before the counts are made again from a state
+/// received over federation).
+pub async fn forget_servers(conn: &mut AnyConnection, room_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM room_servers WHERE room_id = $1").bind(room_id).execute(conn).await?;
+    Ok(())
+}
+
 /// The servers with a user joined to the room, in name order.
 pub async fn servers_in_room_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar(

@@ -64,6 +64,17 @@ pub async fn close(
     Ok(())
 }
 
+/// Closes every range of the room still open, at `seq` (a room rejoined
+/// over federation: what happened while we were out is not on our line).
+pub async fn close_all_open(conn: &mut AnyConnection, room_id: &str, seq: i64) -> Result<()> {
+    sqlx::query("UPDATE memberships SET max_seq = $1 WHERE room_id = $2 AND max_seq IS NULL")
+        .bind(seq)
+        .bind(room_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Every range of a user in a room, by start.
 pub async fn ranges(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<Range>> {
     let rows: Vec<(String, i64, Option<i64>, i64)> = sqlx::query_as(

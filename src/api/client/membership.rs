@@ -8,13 +8,14 @@ use ruma::api::client::membership::{
     ban_user, forget_room, invite_user, join_room_by_id, join_room_by_id_or_alias, kick_user, leave_room,
     unban_user,
 };
-use ruma::{OwnedRoomId, RoomId};
+use ruma::{OwnedRoomId, OwnedServerName, RoomId};
 
 use crate::api::extract::{Ruma, route};
 use crate::error::{Error, Result};
 use crate::room::membership::{self, Change};
 use crate::room::read;
 use crate::state::AppState;
+use crate::storage::federation as fed;
 use crate::storage::memberships;
 
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
@@ -52,13 +53,43 @@ async fn join_or_knock(
     Ok(())
 }
 
+/// Joins a room: here, when this server is in it (or it lives only here);
+/// else over federation through the inviting server, the servers named
+/// (`via`, an alias's servers) and the room id's own server, in that order.
 async fn join(
     state: &AppState,
     room_id: &RoomId,
     me: &crate::account::Requester,
     reason: Option<String>,
+    via: &[OwnedServerName],
 ) -> Result<()> {
-    join_or_knock(state, room_id, me, "join", reason).await
+    if state.settings.federation.is_none() || is_here(state, room_id).await? {
+        return join_or_knock(state, room_id, me, "join", reason).await;
+    }
+    let mut servers: Vec<OwnedServerName> = Vec::new();
+    if let Some(invite) = fed::remote_invite(&state.db, me.user_id.as_str(), room_id.as_str()).await?
+        && let Ok(server) = OwnedServerName::try_from(invite.via.as_str())
+    {
+        servers.push(server);
+    }
+    servers.extend(via.iter().cloned());
+    servers.extend(room_id.server_name().map(ToOwned::to_owned));
+    let mut seen = std::collections::HashSet::new();
+    servers.retain(|s| seen.insert(s.clone()));
+    let joined = crate::federation::joining::join(state, &me.user_id, room_id, &servers).await?;
+    crate::room::remote::store_joined_room(state, &me.user_id, &joined).await?;
+    Ok(())
+}
+
+/// Whether a join of `room_id` is made here: the room is ours and this
+/// server is in it, or no other server is.
+async fn is_here(state: &AppState, room_id: &RoomId) -> Result<bool> {
+    if crate::storage::rooms::get(&state.db, room_id.as_str()).await?.is_none() {
+        return Ok(false);
+    }
+    let servers = fed::servers_in_room(&state.db, room_id.as_str()).await?;
+    let ours = state.settings.server_name.as_str();
+    Ok(servers.iter().any(|s| s == ours) || servers.iter().all(|s| s == ours))
 }
 
 /// A room id, or the room an alias points to (`room::directory::resolve`:
@@ -85,7 +116,7 @@ async fn join_by_id(
     req: Ruma<join_room_by_id::v3::Request>,
 ) -> Result<join_room_by_id::v3::Response> {
     let me = req.requester()?;
-    join(&state, &req.body.room_id, me, req.body.reason.clone()).await?;
+    join(&state, &req.body.room_id, me, req.body.reason.clone(), &[]).await?;
     Ok(join_room_by_id::v3::Response::new(req.body.room_id.clone()))
 }
 
@@ -94,8 +125,12 @@ async fn join_by_id_or_alias(
     req: Ruma<join_room_by_id_or_alias::v3::Request>,
 ) -> Result<join_room_by_id_or_alias::v3::Response> {
     let me = req.requester()?;
-    let room_id = resolve(&state, &req.body.room_id_or_alias).await?;
-    join(&state, &room_id, me, req.body.reason.clone()).await?;
+    let (room_id, mut via) = match <&RoomId>::try_from(&*req.body.room_id_or_alias) {
+        Ok(id) => (id.to_owned(), Vec::new()),
+        Err(alias) => crate::room::directory::resolve(&state, alias).await?,
+    };
+    via.splice(0..0, req.body.via.iter().cloned());
+    join(&state, &room_id, me, req.body.reason.clone(), &via).await?;
     Ok(join_room_by_id_or_alias::v3::Response::new(room_id))
 }
 

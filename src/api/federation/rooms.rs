@@ -109,7 +109,7 @@ pub(super) async fn room_state(
     let origin = origin(&req)?;
     let (pdus, chain) =
         resident::state_at_event(&state, origin, &req.body.room_id, &req.body.event_id).await?;
-    Ok(get_room_state::v1::Response::new(resident::raw_events(chain)?, resident::raw_events(pdus)?))
+    Ok(get_room_state::v1::Response::new(resident::raw_held(chain)?, resident::raw_events(pdus)?))
 }
 
 pub(super) async fn room_state_ids(
@@ -119,10 +119,13 @@ pub(super) async fn room_state_ids(
     let origin = origin(&req)?;
     let (pdus, chain) =
         resident::state_at_event(&state, origin, &req.body.room_id, &req.body.event_id).await?;
-    let ids = |events: Vec<crate::storage::events::StoredEvent>| -> Vec<OwnedEventId> {
-        events.into_iter().filter_map(|e| EventId::parse(&e.event_id).ok()).collect()
+    let ids = |ids: Vec<String>| -> Vec<OwnedEventId> {
+        ids.iter().filter_map(|id| EventId::parse(id).ok()).collect()
     };
-    Ok(get_room_state_ids::v1::Response::new(ids(chain), ids(pdus)))
+    Ok(get_room_state_ids::v1::Response::new(
+        ids(chain.into_iter().map(|e| e.event_id).collect()),
+        ids(pdus.into_iter().map(|e| e.event_id).collect()),
+    ))
 }
 
 pub(super) async fn event_auth(
