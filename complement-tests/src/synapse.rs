@@ -268,6 +268,8 @@ impl Synapse {
             "enable_registration_without_verification": true,
             "bcrypt_rounds": 4,
             "allow_public_rooms_over_federation": true,
+            // Synapse lets only admins publish rooms by default.
+            "room_list_publication_rules": [{ "action": "allow" }],
             "rc_federation": {
                 "window_size": 1000,
                 "sleep_limit": 1_000_000,

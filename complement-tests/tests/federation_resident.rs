@@ -22,6 +22,7 @@ backend_tests!(
     synapse_user_joins_talks_and_leaves_v10,
     remote_joins_and_events_are_checked,
     synapse_user_is_invited_joins_and_is_kicked,
+    public_rooms_are_read_across_servers,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -473,4 +474,78 @@ async fn synapse_user_is_invited_joins_and_is_kicked(backend: Backend) {
     assert_eq!(response.0, 502, "{}", response.1);
     let (_, members) = seq.server.get(&room_path(&room, "/members"), Some(&alice.token)).await;
     assert!(!members.to_string().contains("carol"), "{members}");
+}
+
+/// The room ids of a /publicRooms answer.
+fn listed(body: &Value) -> Vec<String> {
+    body["chunk"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["room_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn public_rooms_are_read_across_servers(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let bob = syn.register("bob", "pw").await;
+    let ours = create_room(
+        &seq.server,
+        &alice,
+        json!({ "preset": "public_chat", "visibility": "public", "name": "Seqline lobby" }),
+    )
+    .await;
+    let (status, created) = syn
+        .post(
+            &format!("{V3}/createRoom"),
+            Some(&bob.token),
+            json!({ "preset": "public_chat", "visibility": "public", "name": "Synapse lobby" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    let theirs = created["room_id"].as_str().unwrap().to_owned();
+
+    // Synapse's user reads seqline's directory through Synapse.
+    let (status, body) =
+        syn.get(&format!("{V3}/publicRooms?server={}", enc(&seq.name)), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{body}\n{}", syn.log_tail());
+    assert_eq!(listed(&body), std::slice::from_ref(&ours), "{body}");
+    assert_eq!(body["chunk"][0]["name"], "Seqline lobby");
+    // seqline's user reads Synapse's through seqline, filtered too (Synapse
+    // lists a new room once its statistics have caught up).
+    eventually("Synapse's room in its own directory", || async {
+        let (_, body) = syn.get(&format!("{V3}/publicRooms"), Some(&bob.token)).await;
+        (listed(&body) == [theirs.clone()]).then_some(())
+    })
+    .await;
+    let path = format!("{V3}/publicRooms?server={}", enc(&syn.name));
+    eventually("Synapse's room in its directory, read through seqline", || async {
+        let (status, body) = seq.server.get(&path, Some(&alice.token)).await;
+        assert_eq!(status, 200, "{body}\n{}", seq.server.log());
+        (listed(&body) == [theirs.clone()]).then_some(())
+    })
+    .await;
+    let filter = json!({ "filter": { "generic_search_term": "synapse" } });
+    let (status, body) = seq
+        .server
+        .post(&format!("{V3}/publicRooms?server={}", enc(&syn.name)), Some(&alice.token), filter)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(listed(&body), [theirs], "{body}");
+    let filter = json!({ "filter": { "generic_search_term": "nothing like it" } });
+    let (status, body) = seq
+        .server
+        .post(&format!("{V3}/publicRooms?server={}", enc(&syn.name)), Some(&alice.token), filter)
+        .await;
+    assert_eq!((status, listed(&body).len()), (200, 0), "{body}");
+    // Our own name, or none: our directory.
+    let (status, body) =
+        seq.server.get(&format!("{V3}/publicRooms?server={}", enc(&seq.name)), Some(&alice.token)).await;
+    assert_eq!((status, listed(&body)), (200, vec![ours]), "{body}");
+    // A server that cannot be reached: 502.
+    let nowhere = format!("127.0.0.1:{}", complement_tests::federation::free_port());
+    let (status, body) =
+        seq.server.get(&format!("{V3}/publicRooms?server={}", enc(&nowhere)), Some(&alice.token)).await;
+    assert_eq!((status, body["errcode"].as_str()), (502, Some("M_UNKNOWN")), "{body}");
 }

@@ -248,6 +248,40 @@ pub async fn public_rooms(
     Ok(body)
 }
 
+/// Another server's public room directory (`/publicRooms?server=`), asked
+/// over federation; answered in the client's form. An unreachable server is
+/// 502, its refusal passed on.
+pub async fn remote_public_rooms(
+    state: &AppState,
+    server: &ruma::ServerName,
+    limit: Option<u64>,
+    since: Option<&str>,
+    search: Option<&str>,
+) -> Result<Value> {
+    use ruma::api::federation::directory::get_public_rooms_filtered;
+    let mut request = get_public_rooms_filtered::v1::Request::new();
+    request.limit = limit.map(|l| ruma::UInt::try_from(l.min(MAX_PUBLIC_ROOMS_PAGE)).unwrap_or_default());
+    request.since = since.map(str::to_owned);
+    request.filter.generic_search_term = search.map(str::to_owned);
+    let response = crate::federation::send(state, server, request).await.map_err(|e| match e {
+        crate::federation::FederationError::Status(status @ 400..500, body) => {
+            Error::Forbidden(format!("{server} answered {status}: {body}"))
+        }
+        other => Error::RemoteUnavailable(format!("Cannot read the room directory of {server}: {other}")),
+    })?;
+    let mut body = json!({ "chunk": response.chunk });
+    if let Some(total) = response.total_room_count_estimate {
+        body["total_room_count_estimate"] = json!(total);
+    }
+    if let Some(next) = response.next_batch {
+        body["next_batch"] = json!(next);
+    }
+    if let Some(prev) = response.prev_batch {
+        body["prev_batch"] = json!(prev);
+    }
+    Ok(body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,8 +92,24 @@ async fn change_visibility(
     Ok(set_room_visibility::v3::Response::new())
 }
 
+/// The server whose directory is asked: another one only when named and
+/// federation is on (a name of ours, or none, is this server).
+fn other_server<'a>(state: &AppState, server: Option<&'a ruma::ServerName>) -> Option<&'a ruma::ServerName> {
+    server.filter(|s| *s != state.settings.server_name && state.settings.federation.is_some())
+}
+
 async fn public_rooms(state: AppState, req: Ruma<get_public_rooms::v3::Request>) -> Result<Value> {
     let b = &req.body;
+    if let Some(server) = other_server(&state, b.server.as_deref()) {
+        return directory::remote_public_rooms(
+            &state,
+            server,
+            b.limit.map(u64::from),
+            b.since.as_deref(),
+            None,
+        )
+        .await;
+    }
     directory::public_rooms(&state, b.limit.map(u64::from), b.since.as_deref(), None).await
 }
 
@@ -102,6 +118,16 @@ async fn public_rooms_filtered(
     req: Ruma<get_public_rooms_filtered::v3::Request>,
 ) -> Result<Value> {
     let b = &req.body;
+    if let Some(server) = other_server(&state, b.server.as_deref()) {
+        return directory::remote_public_rooms(
+            &state,
+            server,
+            b.limit.map(u64::from),
+            b.since.as_deref(),
+            b.filter.generic_search_term.as_deref(),
+        )
+        .await;
+    }
     directory::public_rooms(
         &state,
         b.limit.map(u64::from),

@@ -155,6 +155,8 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, rooms::send_leave);
     let router = route(router, rooms::send_transaction);
     let router = route(router, rooms::invite);
+    let router = route(router, rooms::public_rooms);
+    let router = route(router, rooms::public_rooms_filtered);
     let router = route(router, rooms::event);
     let router = route(router, rooms::room_state);
     let router = route(router, rooms::room_state_ids);

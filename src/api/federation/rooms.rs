@@ -5,6 +5,7 @@
 
 use ruma::api::federation::authorization::get_event_authorization;
 use ruma::api::federation::backfill::get_backfill;
+use ruma::api::federation::directory::{get_public_rooms, get_public_rooms_filtered};
 use ruma::api::federation::event::{get_event, get_missing_events, get_room_state, get_room_state_ids};
 use ruma::api::federation::membership::{
     create_invite, create_join_event, create_leave_event, prepare_join_event, prepare_leave_event,
@@ -183,4 +184,50 @@ pub(super) async fn invite(
     )
     .await?;
     Ok(create_invite::v2::Response::new(event))
+}
+
+/// Our public rooms as the client API lists them, in ruma's federation form.
+async fn directory_page(
+    state: &AppState,
+    limit: Option<UInt>,
+    since: Option<&str>,
+    search: Option<&str>,
+) -> Result<(Vec<ruma::directory::PublicRoomsChunk>, Option<String>, Option<String>, Option<UInt>)> {
+    let page = crate::room::directory::public_rooms(state, limit.map(u64::from), since, search).await?;
+    let chunk = serde_json::from_value(page["chunk"].clone())
+        .map_err(|e| Error::Internal(format!("directory page: {e}")))?;
+    let text = |key: &str| page[key].as_str().map(str::to_owned);
+    let total = page["total_room_count_estimate"].as_u64().and_then(|n| UInt::try_from(n).ok());
+    Ok((chunk, text("next_batch"), text("prev_batch"), total))
+}
+
+pub(super) async fn public_rooms(
+    state: AppState,
+    req: Federation<get_public_rooms::v1::Request>,
+) -> Result<get_public_rooms::v1::Response> {
+    origin(&req)?;
+    let (chunk, next, prev, total) =
+        directory_page(&state, req.body.limit, req.body.since.as_deref(), None).await?;
+    let mut response = get_public_rooms::v1::Response::new();
+    response.chunk = chunk;
+    response.next_batch = next;
+    response.prev_batch = prev;
+    response.total_room_count_estimate = total;
+    Ok(response)
+}
+
+pub(super) async fn public_rooms_filtered(
+    state: AppState,
+    req: Federation<get_public_rooms_filtered::v1::Request>,
+) -> Result<get_public_rooms_filtered::v1::Response> {
+    origin(&req)?;
+    let b = &req.body;
+    let (chunk, next, prev, total) =
+        directory_page(&state, b.limit, b.since.as_deref(), b.filter.generic_search_term.as_deref()).await?;
+    let mut response = get_public_rooms_filtered::v1::Response::new();
+    response.chunk = chunk;
+    response.next_batch = next;
+    response.prev_batch = prev;
+    response.total_room_count_estimate = total;
+    Ok(response)
 }
