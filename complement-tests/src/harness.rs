@@ -249,6 +249,12 @@ impl Server {
         status.code()
     }
 
+    /// Starts a stopped server again on the same data and database.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        self.launch().await;
+    }
+
     /// Stops the server and starts it again on the same data and database.
     pub async fn restart(&mut self) {
         let code = self.stop().await;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use complement_tests::api::{V3, enc, room_path};
+use complement_tests::api::{V3, create_room, enc, room_path};
 use complement_tests::backend_tests;
 use complement_tests::federation::FedServer;
 use complement_tests::harness::{Backend, User};
@@ -16,6 +16,8 @@ backend_tests!(
     synapse_invites_a_seqline_user_who_rejects,
     seqline_user_joins_a_synapse_room_v12,
     seqline_user_joins_a_synapse_room_v10,
+    a_departed_remote_user_reads_nothing_after_leaving,
+    queued_events_reach_a_server_that_was_down,
 );
 
 /// Waits (up to 30 s) until `check` answers `Some`, asking again every 100 ms.
@@ -232,6 +234,92 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
     eventually("alice's leave on Synapse", || async {
         let (_, members) = syn.get(&room_path(&room, "/joined_members"), Some(&bob.token)).await;
         (members["joined"].as_object().is_some_and(|m| !m.contains_key(&alice_id))).then_some(())
+    })
+    .await;
+}
+
+/// The bodies a user of `server` reads in `room` (one page back).
+async fn seqline_bodies(server: &FedServer, user: &User, room: &str) -> Vec<String> {
+    let (status, page) =
+        server.server.get(&room_path(room, "/messages?dir=b&limit=50"), Some(&user.token)).await;
+    assert_eq!(status, 200, "{page}");
+    bodies(&page)
+}
+
+async fn say(server: &FedServer, user: &User, room: &str, txn: &str, body: &str) -> String {
+    let path = room_path(room, &format!("/send/m.room.message/{txn}"));
+    let (status, sent) =
+        server.server.put(&path, Some(&user.token), json!({ "msgtype": "m.text", "body": body })).await;
+    assert_eq!(status, 200, "{sent}");
+    sent["event_id"].as_str().unwrap().to_owned()
+}
+
+async fn join_remote(server: &FedServer, user: &User, room: &str, via: &FedServer) {
+    let path = format!("{V3}/join/{}?server_name={}", enc(room), enc(&via.name));
+    let (status, body) = server.server.post(&path, Some(&user.token), json!({})).await;
+    assert_eq!(status, 200, "{body}\n{}", server.server.log());
+}
+
+/// Two seqline servers: bob and carol of B join a room of A; after bob
+/// leaves, what A's alice says reaches carol and never bob (sync, messages,
+/// event).
+async fn a_departed_remote_user_reads_nothing_after_leaving(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let (bob, carol) = (b.server.register("bob", "pw").await, b.server.register("carol", "pw").await);
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "12" })).await;
+    say(&a, &alice, &room, "a1", "one").await;
+    join_remote(&b, &bob, &room, &a).await;
+    join_remote(&b, &carol, &room, &a).await;
+    say(&a, &alice, &room, "a2", "two").await;
+    eventually("'two' on B", || async {
+        seqline_bodies(&b, &carol, &room).await.contains(&"two".to_owned()).then_some(())
+    })
+    .await;
+    assert_eq!(seqline_bodies(&b, &bob, &room).await, ["two"]);
+
+    let before_leave = seqline_sync(&b, &bob, None).await["next_batch"].as_str().unwrap().to_owned();
+    let (status, body) = b.server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let bob_id = b.user_id("bob");
+    eventually("bob's leave on A", || async {
+        let (_, members) = a.server.get(&room_path(&room, "/joined_members"), Some(&alice.token)).await;
+        (!members["joined"].as_object().unwrap().contains_key(&bob_id)).then_some(())
+    })
+    .await;
+    let three = say(&a, &alice, &room, "a3", "three").await;
+    eventually("'three' reaches carol", || async {
+        (seqline_bodies(&b, &carol, &room).await == ["two", "three"]).then_some(())
+    })
+    .await;
+    // Bob: not in /messages, not in /sync after his leave, not by id.
+    assert_eq!(seqline_bodies(&b, &bob, &room).await, ["two"]);
+    let sync = seqline_sync(&b, &bob, Some(&before_leave)).await;
+    assert!(!sync.to_string().contains("three"), "{sync}");
+    let (status, _) =
+        b.server.get(&room_path(&room, &format!("/event/{}", enc(&three))), Some(&bob.token)).await;
+    assert_eq!(status, 404);
+    let (status, event) =
+        b.server.get(&room_path(&room, &format!("/event/{}", enc(&three))), Some(&carol.token)).await;
+    assert_eq!((status, event["content"]["body"].as_str()), (200, Some("three")), "{event}");
+}
+
+/// What A sends while B is down reaches B once it is back, after A itself
+/// restarted in between (the queue is in A's database), in order.
+async fn queued_events_reach_a_server_that_was_down(backend: Backend) {
+    let (mut a, mut b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat" })).await;
+    join_remote(&b, &bob, &room, &a).await;
+    b.server.stop().await;
+    for (i, body) in ["while", "you were", "out"].iter().enumerate() {
+        say(&a, &alice, &room, &format!("q{i}"), body).await;
+    }
+    a.server.restart().await;
+    b.server.start_again().await;
+    eventually("the queued events on B", || async {
+        (seqline_bodies(&b, &bob, &room).await == ["while", "you were", "out"]).then_some(())
     })
     .await;
 }
