@@ -23,6 +23,7 @@ backend_tests!(
     remote_joins_and_events_are_checked,
     synapse_user_is_invited_joins_and_is_kicked,
     public_rooms_are_read_across_servers,
+    remote_invites_and_joins_are_checked,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -548,4 +549,71 @@ async fn public_rooms_are_read_across_servers(backend: Backend) {
     let (status, body) =
         seq.server.get(&format!("{V3}/publicRooms?server={}", enc(&nowhere)), Some(&alice.token)).await;
     assert_eq!((status, body["errcode"].as_str()), (502, Some("M_UNKNOWN")), "{body}");
+}
+
+/// Invites from another server (acting as B) are checked before anything is
+/// kept: the room version, the event the path names, the invitee, who sent
+/// it; a good one reaches the invitee's sync countersigned. Joins through a
+/// server that cannot be reached, or that does not know the room, fail cleanly.
+async fn remote_invites_and_joins_are_checked(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let alice_id = a.user_id("alice");
+    let bob = b.user_id("bob");
+    let room = format!("!remote:{}", b.name);
+    let invite = |target: &str, sender: &str| {
+        json!({
+            "type": "m.room.member", "room_id": room, "sender": sender, "state_key": target,
+            "content": { "membership": "invite" },
+            "prev_events": ["$prev-event-id-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"],
+            "auth_events": [], "depth": 5, "origin_server_ts": now_ms(),
+        })
+    };
+    let acting = &acting;
+    let put = |id: &str, version: &str, event: &Value| {
+        let uri = format!("/_matrix/federation/v2/invite/{}/{}", enc(&room), enc(id));
+        let body = json!({ "room_version": version, "event": event, "invite_room_state": [] });
+        async move { acting.call("PUT", &uri, Some(&body)).await }
+    };
+    let since = complement_tests::api::sync_once(&a.server, &alice, None).await["next_batch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut good = invite(&alice_id, &bob);
+    let good_id = acting.sign(&mut good);
+    assert_error(&put(&good_id, "1", &good).await, 400, "M_INCOMPATIBLE_ROOM_VERSION", "room version 1");
+    assert_error(&put("$another-id", "11", &good).await, 400, "M_BAD_JSON", "another event id");
+    let mut nobody = invite(&a.user_id("nobody"), &bob);
+    let nobody_id = acting.sign(&mut nobody);
+    assert_error(&put(&nobody_id, "11", &nobody).await, 404, "M_NOT_FOUND", "an unknown invitee");
+    let carol = format!("@carol:127.0.0.1:{}", complement_tests::federation::free_port());
+    let mut impostor = invite(&alice_id, &carol);
+    let impostor_id = acting.sign(&mut impostor);
+    let response = put(&impostor_id, "11", &impostor).await;
+    assert!(matches!(response.0, 400 | 403), "{response:?}");
+    let sync = complement_tests::api::sync_once(&a.server, &alice, Some(&since)).await;
+    assert!(sync["rooms"]["invite"].get(&room).is_none(), "{sync}");
+
+    let (status, signed) = put(&good_id, "11", &good).await;
+    assert_eq!(status, 200, "{signed}\n{}", a.server.log());
+    assert!(signed["event"]["signatures"][&a.name].is_object(), "{signed}");
+    assert!(signed["event"]["signatures"][&b.name].is_object(), "{signed}");
+    let sync = complement_tests::api::sync_once(&a.server, &alice, Some(&since)).await;
+    let events =
+        sync["rooms"]["invite"][&room]["invite_state"]["events"].as_array().cloned().unwrap_or_default();
+    assert!(
+        events.iter().any(|e| e["state_key"] == alice_id.as_str() && e["sender"] == bob.as_str()),
+        "{sync}"
+    );
+
+    // Joins through a server that cannot be reached, or that lacks the room.
+    let nowhere = format!("127.0.0.1:{}", complement_tests::federation::free_port());
+    let path = format!("{V3}/join/{}?server_name={}", enc("!unknown:elsewhere"), enc(&nowhere));
+    let (status, body) = a.server.post(&path, Some(&alice.token), json!({})).await;
+    assert_eq!((status, body["errcode"].as_str()), (502, Some("M_UNKNOWN")), "{body}");
+    let path = format!("{V3}/join/{}?server_name={}", enc("!unknown:elsewhere"), enc(&b.name));
+    let (status, body) = a.server.post(&path, Some(&alice.token), json!({})).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{body}");
 }

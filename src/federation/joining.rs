@@ -57,24 +57,31 @@ pub struct JoinedRoom {
 }
 
 /// Joins `user` to `room_id` through the first of `servers` that lets them
-/// in; answers the checked room. The last server's refusal is the error.
+/// in; answers the checked room. A server's refusal wins over one that could not be reached.
 pub async fn join(
     state: &AppState,
     user: &UserId,
     room_id: &RoomId,
     servers: &[OwnedServerName],
 ) -> Result<JoinedRoom> {
-    let mut last = Error::NotFound(format!("No server to join {room_id} through"));
+    // A server that answered (no such room, not allowed) says more than one
+    // that could not be reached: its answer is the one given.
+    let mut answer: Option<Error> = None;
+    let mut unreachable: Option<Error> = None;
     for server in servers.iter().filter(|s| **s != state.settings.server_name) {
         match join_via(state, user, room_id, server).await {
             Ok(joined) => return Ok(joined),
             Err(e) => {
                 tracing::info!(%room_id, %server, "cannot join through this server: {e}");
-                last = e;
+                let slot =
+                    if matches!(e, Error::RemoteUnavailable(_)) { &mut unreachable } else { &mut answer };
+                slot.get_or_insert(e);
             }
         }
     }
-    Err(last)
+    Err(answer
+        .or(unreachable)
+        .unwrap_or_else(|| Error::NotFound(format!("No server to join {room_id} through"))))
 }
 
 pub fn remote_error(server: &ruma::ServerName, e: FederationError) -> Error {
