@@ -24,6 +24,7 @@ backend_tests!(
     synapse_user_is_invited_joins_and_is_kicked,
     public_rooms_are_read_across_servers,
     remote_invites_and_joins_are_checked,
+    a_partial_join_completes,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -616,4 +617,33 @@ async fn remote_invites_and_joins_are_checked(backend: Backend) {
     let path = format!("{V3}/join/{}?server_name={}", enc("!unknown:elsewhere"), enc(&b.name));
     let (status, body) = a.server.post(&path, Some(&alice.token), json!({})).await;
     assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{body}");
+}
+
+/// Synapse joins with `omit_members`: seqline answers the state without most
+/// member events (members_omitted), and Synapse fetches the rest from
+/// seqline (/state_ids, /state, /event) until it knows every member.
+async fn a_partial_join_completes(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let room = create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    let mut expected = vec![seq.user_id("alice")];
+    for i in 0..9 {
+        let user = seq.server.register(&format!("member{i}"), "pw").await;
+        complement_tests::api::join(&seq.server, &user, &room).await;
+        expected.push(user.user_id.clone());
+    }
+    let bob = syn.register("bob", "pw").await;
+    expected.push(syn.user_id("bob"));
+    expected.sort_unstable();
+    let path = format!("{V3}/join/{}?server_name={}", enc(&room), enc(&seq.name));
+    let (status, body) = syn.post(&path, Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("every member known to Synapse", || async {
+        let (status, members) = syn.get(&room_path(&room, "/joined_members"), Some(&bob.token)).await;
+        let mut known: Vec<String> =
+            members["joined"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        known.sort_unstable();
+        (status == 200 && known == expected).then_some(())
+    })
+    .await;
 }

@@ -95,6 +95,8 @@ pub struct Joined {
     pub event: Box<RawJsonValue>,
     /// The servers in the room.
     pub servers_in_room: Vec<String>,
+    /// The state leaves out member events (the joiner asked: omit_members).
+    pub members_omitted: bool,
 }
 
 /// Takes another server's signed member event (send_join, send_leave):
@@ -143,28 +145,56 @@ pub async fn send_membership(
     Ok((view, appended.pdu, appended.seq))
 }
 
-/// The answer to send_join: the state before the join, its auth chain with
-/// the join's, the join as stored, the servers in the room.
+/// The answer to send_join: the state before the join (with
+/// `omit_members`, without most member events), its auth chain with the
+/// join's, the join as stored, the servers in the room.
 pub async fn send_join(
     state: &AppState,
     origin: &ServerName,
     room_id: &RoomId,
     event_id: &EventId,
     raw: &RawJsonValue,
+    omit_members: bool,
 ) -> Result<Joined> {
     let (_, pdu, seq) = send_membership(state, origin, room_id, event_id, raw, "join").await?;
-    let before = events::state_at(&state.db, room_id.as_str(), seq - 1).await?;
+    let mut before = events::state_at(&state.db, room_id.as_str(), seq - 1).await?;
+    let whole = before.len();
+    if omit_members {
+        // A partial join (the joiner fetches the rest later): the state
+        // without member events, but for those the join's auth needs and the
+        // few members a client names the room after.
+        let heroes: HashSet<String> =
+            events::some_members(&state.db, room_id.as_str(), MAX_HEROES).await?.into_iter().collect();
+        let needed: HashSet<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
+        let mut kept = Vec::with_capacity(before.len());
+        for stored in before {
+            let event = Pdu::from_stored(&stored.event_id, &stored.json)?;
+            let member = event.kind == TimelineEventType::RoomMember;
+            let hero = event.state_key.as_ref().is_some_and(|k| heroes.contains(k));
+            if !member || hero || needed.contains(stored.event_id.as_str()) {
+                kept.push(stored);
+            }
+        }
+        before = kept;
+    }
     let mut roots: Vec<OwnedEventId> =
         before.iter().filter_map(|e| EventId::parse(&e.event_id).ok()).collect();
     roots.push(pdu.event_id.clone());
     let chain = auth_chain(state, &roots).await?;
+    let before_len = before.len();
     Ok(Joined {
         state: before.into_iter().map(|e| raw_json(e.json)).collect::<Result<_>>()?,
         auth_chain: raw_held(chain)?,
         event: raw_json(pdu.to_json_string())?,
         servers_in_room: store::servers_in_room(&state.db, room_id.as_str()).await?,
+        // Said only when something was left out: a small room's join is whole.
+        members_omitted: before_len < whole,
     })
 }
+
+/// Members kept in a partial join's state for the room's name (the spec's
+/// heroes are at most 5).
+const MAX_HEROES: i64 = 5;
 
 fn raw_json(json: String) -> Result<Box<RawJsonValue>> {
     RawJsonValue::from_string(json).map_err(|e| Error::Internal(format!("stored event: {e}")))

@@ -48,13 +48,15 @@ pub(super) async fn send_join(
 ) -> Result<create_join_event::v2::Response> {
     let origin = origin(&req)?;
     let body = &req.body;
-    let joined = resident::send_join(&state, origin, &body.room_id, &body.event_id, &body.pdu).await?;
+    let joined =
+        resident::send_join(&state, origin, &body.room_id, &body.event_id, &body.pdu, body.omit_members)
+            .await?;
     let mut room_state = create_join_event::v2::RoomState::new();
     room_state.state = joined.state;
     room_state.auth_chain = joined.auth_chain;
     room_state.event = Some(joined.event);
     room_state.servers_in_room = Some(joined.servers_in_room);
-    room_state.members_omitted = false;
+    room_state.members_omitted = joined.members_omitted;
     Ok(create_join_event::v2::Response::new(room_state))
 }
 
