@@ -21,6 +21,8 @@ use clap::Parser;
 use reqwest::Method;
 use serde_json::{Value, json};
 
+pub mod federation;
+
 /// The benchmark's settings (also its command line).
 #[derive(Debug, Clone, Parser)]
 #[command(

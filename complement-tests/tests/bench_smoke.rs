@@ -1,5 +1,6 @@
-//! The benchmark (`bench/`, `seqline-bench`) on a tiny size against a debug
-//! seqline: it must finish and report figures. Never asserts on timings.
+//! The benchmarks (`bench/`: `seqline-bench`, and `seqline-fed-bench` with a
+//! real Synapse) on a tiny size against a debug seqline: they must finish and
+//! report figures. Never asserts on timings.
 
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server};
@@ -68,4 +69,34 @@ async fn bench_runs_a_tiny_growth_series(backend: Backend) {
         positive(&report, key);
     }
     assert!(report.errors.is_empty(), "failed requests: {:?}", report.errors);
+}
+
+/// The federation join benchmark (`seqline-fed-bench`) on a tiny room, for
+/// the pair it can run today: a debug seqline as the resident, a real
+/// Synapse joining (SQLite only: the benchmark makes its own databases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fed_bench_times_a_synapse_user_joining_a_tiny_seqline_room() {
+    let out = std::env::temp_dir().join(format!("seqline-fed-bench-smoke-{}", std::process::id()));
+    let mut config = seqline_bench::federation::FedConfig::defaults();
+    config.pairs = vec!["seqline:synapse".to_owned()];
+    config.members = 4;
+    config.events = 20;
+    config.repeats = 2;
+    config.progress = false;
+    config.out = Some(out.clone());
+    config.seqline_bin = Some(complement_tests::harness::binary());
+    config.synapse_python = Some(complement_tests::synapse::python().await);
+    let results = seqline_bench::federation::run(&config).await.expect("fed bench");
+    let table = seqline_bench::federation::table(&config, &results);
+    let _ = std::fs::remove_dir_all(&out);
+    let [pair] = results.as_slice() else { panic!("one pair expected:\n{table}") };
+    assert_eq!(pair.error, None, "{table}");
+    assert_eq!((pair.resident.as_str(), pair.joiner.as_str()), ("seqline", "Synapse"), "{table}");
+    // The room as built: the creator and 3 members; createRoom's events, 3 joins, messages up to 20.
+    assert_eq!((pair.members, pair.events), (4, 20), "{table}");
+    for samples in [&pair.join_ms, &pair.sync_ms, &pair.members_ms] {
+        assert_eq!(samples.len(), 2, "{table}");
+        assert!(samples.iter().all(|&ms| ms.is_finite() && ms > 0.0), "{table}");
+    }
+    assert!(table.contains("seqline <- Synapse"), "{table}");
 }
