@@ -338,6 +338,8 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
 }
 
 #[cfg(test)]
+mod sparse_tests;
+#[cfg(test)]
 mod state_tests;
 
 #[cfg(test)]

@@ -12,9 +12,9 @@ use super::{Db, dag, rooms, state_runs};
 use crate::config::SqliteSynchronous;
 
 /// A database for one test run, removed by [`Fresh::finish`].
-struct Fresh {
-    label: &'static str,
-    url: String,
+pub(super) struct Fresh {
+    pub(super) label: &'static str,
+    pub(super) url: String,
     dir: Option<std::path::PathBuf>,
     pg_schema: Option<(String, String)>,
 }
@@ -29,7 +29,7 @@ fn unique(prefix: &str) -> String {
 }
 
 /// SQLite always; PostgreSQL when `SEQLINE_TEST_POSTGRES_URL` is set.
-async fn backends() -> Vec<Fresh> {
+pub(super) async fn backends() -> Vec<Fresh> {
     let dir = std::env::temp_dir().join(unique("seqline-state"));
     std::fs::create_dir_all(&dir).unwrap();
     let mut out = vec![Fresh {
@@ -66,7 +66,7 @@ impl Fresh {
         Db::connect(&self.url, SqliteSynchronous::Full).await.unwrap()
     }
 
-    async fn finish(self) {
+    pub(super) async fn finish(self) {
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
