@@ -1395,8 +1395,13 @@ async fn pagination_edges(backend: Backend) {
     let forward = walk(&server, &bob, &room, "f", 2, None, "").await;
     assert_eq!(forward.ids(), line.ids_in(&[(1, prefix), (j1, l1), (j2, last)]));
     assert_eq!(forward.pages, 7);
+    // dir=f without `from` starts before everything: its `start` and the
+    // point before the first event page alike.
     let first = q("dir=f&limit=2".into()).await;
-    assert_eq!(first["start"], pt(0).as_str());
+    assert_eq!(chunk_ids(&first), ids(&[1, 2]));
+    let start = first["start"].as_str().expect("start").to_owned();
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=2&from={start}")).await), ids(&[1, 2]));
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=2&from={}", pt(0))).await), ids(&[1, 2]));
 
     // First and last visible events around the gap, both directions.
     assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from={}", pt(l1))).await), ids(&[l1]));
