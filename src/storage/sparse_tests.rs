@@ -31,10 +31,12 @@ use crate::state::AppState;
 const ORIGIN_SQL: &str = "4611686018427387904";
 
 async fn app_state(url: &str, data_dir: &Path, migrated_to: i64) -> AppState {
-    let mut config = Config::default();
-    config.server_name = "sparse.test".into();
-    config.data_dir = data_dir.to_owned();
-    config.database_url = url.to_owned();
+    let mut config = Config {
+        server_name: "sparse.test".into(),
+        data_dir: data_dir.to_owned(),
+        database_url: url.to_owned(),
+        ..Default::default()
+    };
     config.rate_limits.enabled = false;
     let settings = config.validate().unwrap();
     let db = Db::connect_migrated_to(url, settings.sqlite_synchronous, migrated_to).await.unwrap();
