@@ -9,7 +9,8 @@
 //! Seqs are read from the outside: the creator of each room is joined from
 //! seq 2 on and, being joined now, sees the creation events before (shared by
 //! default), so the creator's whole timeline, oldest first, is the room's seq
-//! line (`Line`). Tokens are `t<S>`, the position just after seq S.
+//! line (`Line`). Tokens are opaque positions on it, learnt from /context
+//! (`around`): seqs are sparse, so no test does arithmetic on them.
 //!
 //! A room created with `initial_state` setting `m.room.history_visibility`
 //! gets that setting instead of the preset's (createRoom's default before it
@@ -253,6 +254,17 @@ fn assert_no_duplicates(ids: &[String], what: &str) {
     assert_eq!(unique.len(), ids.len(), "{what}: duplicates in {ids:?}");
 }
 
+/// The points just before and just after an event, as pagination tokens:
+/// `start` and `end` of /context with limit 0. Tokens are opaque positions
+/// (sparse ones: no arithmetic on them), so tests learn them from the server.
+async fn around(server: &Server, user: &User, room_id: &str, event_id: &str) -> (String, String) {
+    let path = room_path(room_id, &format!("/context/{}?limit=0", enc(event_id)));
+    let (status, body) = server.get(&path, Some(&user.token)).await;
+    assert_eq!(status, 200, "/context of {event_id}: {body}");
+    let token = |k: &str| body[k].as_str().unwrap_or_else(|| panic!("no {k}: {body}")).to_owned();
+    (token("start"), token("end"))
+}
+
 /// A room's seq line as its creator (joined throughout) reads it.
 struct Line {
     events: Vec<Value>,
@@ -267,7 +279,8 @@ impl Line {
         assert_eq!(index.len(), events.len(), "duplicate events in the creator's timeline");
         // dir=b without `from` starts at the newest seq: the line is complete.
         let newest = page(server, creator, room_id, "dir=b&limit=1").await;
-        assert_eq!(newest["start"], format!("t{}", events.len()), "the creator sees every seq");
+        let (_, after_last) = around(server, creator, room_id, &id_of(events.last().expect("events"))).await;
+        assert_eq!(newest["start"], after_last.as_str(), "the creator sees every seq");
         assert_eq!(chunk_ids(&newest), vec![id_of(events.last().expect("events"))]);
         Self { events, index }
     }
@@ -525,7 +538,8 @@ async fn hiking_group_small_scale(backend: Backend) {
     let dan_view = view_newest_first(&server, &dan, &room, 10).await;
     assert_view(&line, &dan_view, &[(1, prefix), (dan_join - 10, line.last())], "dan's history");
     // Past the creation prefix, his first event is the 10th before his join.
-    let first = page(&server, &dan, &room, &format!("dir=f&limit=1&from=t{prefix}")).await;
+    let (_, after_prefix) = around(&server, &ana, &room, &line.id(prefix)).await;
+    let first = page(&server, &dan, &room, &format!("dir=f&limit=1&from={after_prefix}")).await;
     assert_eq!(chunk_ids(&first), vec![line.id(dan_join - 10)]);
     assert_eq!(line.event(dan_join - 10)["content"]["body"], "before dan 4");
     // Joins before the setting keep their start.
@@ -705,7 +719,8 @@ async fn shared_history_and_leaving(backend: Backend) {
         "m1 stays readable after leaving: {event}"
     );
     // Nothing after his leave, forwards from it.
-    let after = page(&server, &bob, &room, &format!("dir=f&limit=10&from=t{bob_leave}")).await;
+    let (_, after_leave) = around(&server, &bob, &room, &line.id(bob_leave)).await;
+    let after = page(&server, &bob, &room, &format!("dir=f&limit=10&from={after_leave}")).await;
     assert_eq!(chunk_ids(&after), Vec::<String>::new());
     assert!(after.get("end").is_none(), "{after}");
 
@@ -1163,14 +1178,15 @@ impl Line {
     /// read the start (a floor): the known prefix plus what the user reads
     /// forwards from its end.
     async fn load_from(server: &Server, user: &User, room_id: &str, known: &Line) -> Self {
-        let more =
-            walk(server, user, room_id, "f", 1000, Some(&format!("t{}", known.last())), "").await.events;
+        let (_, after_known) = around(server, user, room_id, &known.id(known.last())).await;
+        let more = walk(server, user, room_id, "f", 1000, Some(&after_known), "").await.events;
         let mut events = known.events.clone();
         events.extend(more);
         let index: HashMap<String, i64> =
             events.iter().enumerate().map(|(i, e)| (id_of(e), i64::try_from(i).unwrap() + 1)).collect();
         let newest = page(server, user, room_id, "dir=b&limit=1").await;
-        assert_eq!(newest["start"], format!("t{}", events.len()), "the line is complete");
+        let (_, after_last) = around(server, user, room_id, &id_of(events.last().expect("events"))).await;
+        assert_eq!(newest["start"], after_last.as_str(), "the line is complete");
         Self { events, index }
     }
 }
@@ -1347,6 +1363,12 @@ async fn pagination_edges(backend: Backend) {
     assert_eq!(line.event(j2)["content"]["membership"], "join");
     assert_eq!(line.event(j2)["state_key"], bob.user_id.as_str());
     let ids = |seqs: &[i64]| -> Vec<String> { seqs.iter().map(|s| line.id(*s)).collect() };
+    // pt[s]: the point just after the line's s-th event (pt[0]: before the first).
+    let mut pt = vec![around(&server, &ana, &room, &line.id(1)).await.0];
+    for s in 1..=last {
+        pt.push(around(&server, &ana, &room, &line.id(s)).await.1);
+    }
+    let pt = |s: i64| pt[usize::try_from(s).unwrap()].clone();
     let q = |query: String| {
         let (server, bob, room) = (&server, &bob, &room);
         async move { page(server, bob, room, &query).await }
@@ -1355,7 +1377,7 @@ async fn pagination_edges(backend: Backend) {
     // dir=b, 4 a page: the first page is exactly the second stay, the next
     // exactly the first, the gap skipped; the last page full and without `end`.
     let p1 = q("dir=b&limit=4".into()).await;
-    assert_eq!(p1["start"], format!("t{last}"));
+    assert_eq!(p1["start"], pt(last).as_str());
     assert_eq!(chunk_ids(&p1), ids(&[last, last - 1, last - 2, j2]));
     let end = p1["end"].as_str().expect("more to read").to_owned();
     let p2 = q(format!("dir=b&limit=4&from={end}")).await;
@@ -1373,36 +1395,41 @@ async fn pagination_edges(backend: Backend) {
     let forward = walk(&server, &bob, &room, "f", 2, None, "").await;
     assert_eq!(forward.ids(), line.ids_in(&[(1, prefix), (j1, l1), (j2, last)]));
     assert_eq!(forward.pages, 7);
+    // dir=f without `from` starts before everything: its `start` and the
+    // point before the first event page alike.
     let first = q("dir=f&limit=2".into()).await;
-    assert_eq!(first["start"], "t0");
+    assert_eq!(chunk_ids(&first), ids(&[1, 2]));
+    let start = first["start"].as_str().expect("start").to_owned();
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=2&from={start}")).await), ids(&[1, 2]));
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=2&from={}", pt(0))).await), ids(&[1, 2]));
 
     // First and last visible events around the gap, both directions.
-    assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from=t{l1}")).await), ids(&[l1]));
-    assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from=t{}", l1 + 2)).await), ids(&[l1]));
-    assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from=t{}", j2 - 1)).await), ids(&[l1]));
-    assert_eq!(chunk_ids(&q(format!("dir=f&limit=1&from=t{l1}")).await), ids(&[j2]));
-    assert_eq!(chunk_ids(&q(format!("dir=f&limit=1&from=t{}", j1 - 1)).await), ids(&[j1]));
-    assert_eq!(chunk_ids(&q(format!("dir=f&limit=1&from=t{}", l1 - 1)).await), ids(&[l1]));
-    for query in ["dir=b&limit=5&from=t0".to_owned(), format!("dir=f&limit=5&from=t{last}")] {
+    assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from={}", pt(l1))).await), ids(&[l1]));
+    assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from={}", pt(l1 + 2))).await), ids(&[l1]));
+    assert_eq!(chunk_ids(&q(format!("dir=b&limit=1&from={}", pt(j2 - 1))).await), ids(&[l1]));
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=1&from={}", pt(l1))).await), ids(&[j2]));
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=1&from={}", pt(j1 - 1))).await), ids(&[j1]));
+    assert_eq!(chunk_ids(&q(format!("dir=f&limit=1&from={}", pt(l1 - 1))).await), ids(&[l1]));
+    for query in [format!("dir=b&limit=5&from={}", pt(0)), format!("dir=f&limit=5&from={}", pt(last))] {
         let body = q(query.clone()).await;
         assert_eq!(chunk_ids(&body), Vec::<String>::new(), "{query}");
         assert!(body.get("end").is_none(), "{query}: {body}");
     }
 
     // `to`: stop at a position; the gap still skipped; no `end` once `to` is reached.
-    let body = q(format!("dir=b&limit=10&to=t{l1}")).await;
+    let body = q(format!("dir=b&limit=10&to={}", pt(l1))).await;
     assert_eq!(chunk_ids(&body), ids(&[last, last - 1, last - 2, j2]));
     assert!(body.get("end").is_none(), "{body}");
-    let body = q(format!("dir=b&limit=3&to=t{}", l1 - 2)).await;
+    let body = q(format!("dir=b&limit=3&to={}", pt(l1 - 2))).await;
     assert_eq!(chunk_ids(&body), ids(&[last, last - 1, last - 2]));
     let end = body["end"].as_str().expect("more before to").to_owned();
-    let body = q(format!("dir=b&limit=3&from={end}&to=t{}", l1 - 2)).await;
+    let body = q(format!("dir=b&limit=3&from={end}&to={}", pt(l1 - 2))).await;
     assert_eq!(chunk_ids(&body), ids(&[j2, l1, l1 - 1]));
     assert!(body.get("end").is_none(), "to reached: {body}");
-    let body = q(format!("dir=f&limit=10&from=t0&to=t{j1}")).await;
+    let body = q(format!("dir=f&limit=10&from={}&to={}", pt(0), pt(j1))).await;
     assert_eq!(chunk_ids(&body), line.ids_in(&[(1, j1)]));
     assert!(body.get("end").is_none(), "{body}");
-    let body = q(format!("dir=f&limit=10&from=t{j1}&to=t{}", last - 1)).await;
+    let body = q(format!("dir=f&limit=10&from={}&to={}", pt(j1), pt(last - 1))).await;
     assert_eq!(chunk_ids(&body), line.ids_in(&[(j1 + 1, l1), (j2, last - 1)]));
     assert!(body.get("end").is_none(), "{body}");
 

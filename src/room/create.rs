@@ -175,7 +175,7 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         tx.conn(),
         &NewEvent {
             room_id: room_id.as_str(),
-            seq: 1,
+            seq: super::position::first(),
             stream: create_stream.pos,
             event_id: create_pdu.event_id.as_str(),
             event_type: "m.room.create",

@@ -3,8 +3,13 @@
 //! before a page is cut, so a page holds up to `limit` readable events and a
 //! user who can see little of a long room reaches its start in few requests.
 //!
-//! Tokens are positions on the room's seq line: `t<S>` is the point just after
-//! seq S. Backwards from `t<S>` reads S, S-1, ...; forwards reads S+1, S+2, ...
+//! Tokens are positions on the room's seq line: `p<P>` is the point just after
+//! position P. Backwards from `p<P>` reads the events at P and below, forwards
+//! the events above P. Positions are sparse (`super::position`), so P need
+//! not be an event's position: `p<P-1>` is the point just before the event
+//! at P. Tokens of the dense line (`t<S>`, before migration 0020) are still
+//! taken: S is mapped as the migration mapped seqs (`position::from_dense`),
+//! so an old token names the same point after the migration as before.
 
 use ruma::UserId;
 
@@ -85,18 +90,21 @@ impl EventFilter {
     }
 }
 
-/// Parses a `t<S>` token.
+/// Parses a pagination token: `p<position>`, or a dense-line `t<seq>` from
+/// before the migration to sparse positions.
 pub fn parse_token(token: &str) -> Result<i64> {
-    token
-        .strip_prefix('t')
-        .and_then(|n| n.parse::<i64>().ok())
-        .filter(|n| *n >= 0)
-        .ok_or_else(|| Error::InvalidParam(format!("Invalid pagination token {token:?}")))
+    let number = |n: &str| n.parse::<i64>().ok().filter(|n| *n >= 0);
+    let position = match token.split_at_checked(1) {
+        Some(("p", n)) => number(n),
+        Some(("t", n)) => number(n).and_then(super::position::from_dense),
+        _ => None,
+    };
+    position.ok_or_else(|| Error::InvalidParam(format!("Invalid pagination token {token:?}")))
 }
 
 /// Formats a position as a token.
 pub fn token(seq: i64) -> String {
-    format!("t{seq}")
+    format!("p{seq}")
 }
 
 /// One page of history.
@@ -203,21 +211,61 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
             }
         }
     }
-    // More to read if any readable seq lies beyond the last one looked at,
-    // and the page ends there: full, or the scan reached its bound.
+    // More to read if a readable event lies beyond the last one looked at,
+    // and the page ends there: full, or the scan reached its bound. Positions
+    // are sparse, so a readable span need not hold an event: ask the table.
     let cut = events.len() >= limit || scanned >= MAX_SCAN;
-    let next = last_read.and_then(|seq| match dir {
-        Dir::Backward => {
-            let more =
-                access.ranges.descending_from(seq - 1).next().is_some() && to.is_none_or(|t| seq - 1 > t);
-            (more && cut).then_some(seq - 1)
+    let next = match last_read {
+        Some(seq) if cut => {
+            let (beyond, next) = match dir {
+                Dir::Backward => (seq - 1, seq - 1),
+                Dir::Forward => (seq + 1, seq),
+            };
+            readable_event_beyond(state, room_id, access, dir, beyond, to).await?.then_some(next)
         }
-        Dir::Forward => {
-            let more = access.ranges.ascending_from(seq + 1).next().is_some() && to.is_none_or(|t| seq < t);
-            (more && cut).then_some(seq)
-        }
-    });
+        _ => None,
+    };
     Ok(Page { events, next })
+}
+
+/// The most readable spans [`readable_event_beyond`] looks into; past them it
+/// answers yes (the next page finds out), so a user whose readable ranges
+/// are many small pieces costs a bounded number of seeks per page.
+const MAX_SPANS_PROBED: usize = 16;
+
+/// Whether an event the user may read lies at `from` or beyond it in `dir`
+/// (not past `to`): one index seek per readable span.
+async fn readable_event_beyond(
+    state: &AppState,
+    room_id: &str,
+    access: &Access,
+    dir: Dir,
+    from: i64,
+    to: Option<i64>,
+) -> Result<bool> {
+    let spans: Vec<(i64, i64)> = match dir {
+        Dir::Backward => access
+            .ranges
+            .descending_from(from)
+            .map(|(lo, hi)| (to.map_or(lo, |t| lo.max(t.saturating_add(1))), hi))
+            .filter(|(lo, hi)| lo <= hi)
+            .collect(),
+        Dir::Forward => access
+            .ranges
+            .ascending_from(from)
+            .map(|(lo, hi)| (lo, to.map_or(hi, |t| hi.min(t))))
+            .filter(|(lo, hi)| lo <= hi)
+            .collect(),
+    };
+    for (i, (lo, hi)) in spans.into_iter().enumerate() {
+        if i >= MAX_SPANS_PROBED {
+            return Ok(true);
+        }
+        if !events::range(&state.db, room_id, lo, hi, dir == Dir::Backward, 1).await?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The member events (as of the user's state horizon) of the given senders,
@@ -247,8 +295,15 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_refuse_garbage() {
+        use crate::room::position::{ORIGIN, STEP};
         assert_eq!(parse_token(&token(42)).unwrap(), 42);
-        for bad in ["", "t", "42", "t-1", "tx", "s5"] {
+        assert_eq!(token(ORIGIN + STEP), "p4611686018428436480");
+        assert_eq!(parse_token(&token(ORIGIN + STEP)).unwrap(), ORIGIN + STEP);
+        // Dense-line tokens from before the migration name the same points.
+        assert_eq!(parse_token("t0").unwrap(), 0);
+        assert_eq!(parse_token("t1").unwrap(), ORIGIN);
+        assert_eq!(parse_token("t5").unwrap(), ORIGIN + 4 * STEP);
+        for bad in ["", "t", "p", "42", "t-1", "p-1", "tx", "s5", "t9223372036854775807", "q5", "é5"] {
             assert!(parse_token(bad).is_err(), "{bad}");
         }
     }

@@ -1,6 +1,6 @@
 //! Rooms: the domain. Every event is a signed PDU of the room's version
 //! (`pdu`), authorised by the spec's rules through ruma-state-res and given the
-//! room's next seq in the transaction that stores it (`timeline`). Knows
+//! room's next position on its seq line (`position`) in the transaction that stores it (`timeline`). Knows
 //! nothing of HTTP.
 
 #[cfg(test)]
@@ -14,6 +14,7 @@ pub mod history;
 pub mod joins;
 pub mod membership;
 pub mod pdu;
+pub mod position;
 pub mod power;
 pub mod read;
 pub mod redaction;

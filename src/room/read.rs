@@ -188,6 +188,8 @@ async fn floor(state: &AppState, view: &RoomView, max_lifetime: Option<i64>, use
     let mut floor = view.room.floor_seq.max(user_floor);
     if let Some(max_lifetime) = max_lifetime {
         let since = crate::storage::now_ms() - max_lifetime;
+        // Nothing young enough: the floor goes just above the head (an
+        // exclusive bound: positions are sparse, the next event lies higher).
         let first =
             events::first_seq_since(&state.db, room_id, since).await?.unwrap_or(view.room.last_seq + 1);
         if first > view.room.floor_seq {

@@ -30,12 +30,15 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
     if existing.is_none() {
         rooms::insert(tx.conn(), room, joined.version.as_str(), create.sender.as_str(), now).await?;
     }
-    let seq = existing.as_ref().map_or(0, |r| r.last_seq) + 1;
+    let last = existing.as_ref().map_or(super::position::NONE, |r| r.last_seq);
+    let seq = super::position::next_after(last)
+        .ok_or_else(|| Error::Internal(format!("the seq line of {room} is full")))?;
     if existing.is_some() {
-        // Back in a room we had left: what we knew of it stops where we left;
-        // who is in it and which servers are, start again from this state.
+        // Back in a room we had left: what we knew of it stops where we left
+        // (its last position); who is in it and which servers are, start
+        // again from this state.
         fed::forget_servers(tx.conn(), room).await?;
-        memberships::close_all_open(tx.conn(), room, seq - 1).await?;
+        memberships::close_all_open(tx.conn(), room, last).await?;
     }
 
     for pdu in joined.events.values() {

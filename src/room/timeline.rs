@@ -12,6 +12,7 @@ use ruma::room_version_rules::RoomVersionRules;
 use ruma::{MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, RoomId, RoomVersionId, UInt};
 
 use super::pdu::{self, Draft, Pdu, Placement};
+use super::position;
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
@@ -30,6 +31,9 @@ const MAX_BATCH: usize = 64;
 
 /// The state event type of the pre-join window: content `{"events": N}` lets
 /// each later join also read the N events before it (never below a floor).
+/// Positions are sparse, so the window's start (`window_seq`) is the position
+/// of the Nth event before the join, counted by an index scan
+/// ([`events::nth_before`]), fixed at join time.
 pub const PREJOIN_WINDOW_TYPE: &str = "org.seqline.prejoin_window";
 
 /// State that decides what members may read besides the history
@@ -124,7 +128,7 @@ impl RoomWriter {
         })
     }
 
-    /// Continues a new room whose create event (seq 1) was just stored in
+    /// Continues a new room whose create event (at [`position::first`]) was just stored in
     /// `tx`: the room's row is the lock from now on.
     pub(super) fn after_create(
         room_id: OwnedRoomId,
@@ -142,13 +146,13 @@ impl RoomWriter {
             room_id,
             version,
             rules,
-            last_seq: 1,
+            last_seq: position::first(),
             extremities: vec![create.event_id.clone()],
             max_depth: i64::try_from(create.depth).unwrap_or(1),
             state,
             by_id,
             reservations: vec![create_stream],
-            appended: Some((1, 1)),
+            appended: Some((position::first(), position::first())),
             state_changed: true,
             servers: None,
             destinations: Default::default(),
@@ -393,7 +397,8 @@ impl RoomWriter {
         forward: bool,
     ) -> Result<Appended> {
         let sender = draft.sender.as_str();
-        let seq = self.last_seq + 1;
+        let seq = position::next_after(self.last_seq)
+            .ok_or_else(|| Error::Internal(format!("the seq line of {} is full", self.room_id)))?;
         let membership_change = match (&draft.state_key, member_value(&draft.kind, &draft.content)) {
             (Some(target), Some(new)) => {
                 let old = match self.state_event("m.room.member", target).await? {
@@ -551,7 +556,12 @@ impl RoomWriter {
         }
         if new != old && RANGE_KINDS.contains(&new) {
             let window = if new == "join" { self.prejoin_window().await? } else { 0 };
-            memberships::open(self.tx.conn(), &room, user, new, seq, (seq - window).max(1)).await?;
+            let window_seq = if window > 0 {
+                events::nth_before(self.tx.conn(), &room, seq, window).await?.unwrap_or(seq)
+            } else {
+                seq
+            };
+            memberships::open(self.tx.conn(), &room, user, new, seq, window_seq).await?;
             memberships::unforget(self.tx.conn(), user, &room).await?;
         }
         Ok(())

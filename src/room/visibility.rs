@@ -61,12 +61,13 @@ pub struct HvLine {
 }
 
 impl HvLine {
-    /// Piecewise-constant segments `(lo, hi, value)` covering `1..=last_seq`.
+    /// Piecewise-constant segments `(lo, hi, value)` covering every position up
+    /// to `last_seq` (from [`super::position::LOWEST`]).
     /// Before any history-visibility event the value is `shared`.
     pub fn segments(&self, last_seq: i64) -> Vec<(i64, i64, Hv)> {
         let mut out = Vec::new();
         let mut value = Hv::Shared;
-        let mut start = 1;
+        let mut start = super::position::LOWEST;
         for &(seq, next) in &self.changes {
             if seq > last_seq {
                 break;
@@ -125,8 +126,10 @@ impl SeqRanges {
         self.0.last().map(|r| r.1)
     }
 
-    /// Total number of readable seqs.
-    pub fn len(&self) -> i64 {
+    /// How many positions the ranges span. Positions are sparse, so this is
+    /// no count of events (ask the events table for that): only tests use it.
+    #[cfg(test)]
+    pub fn positions(&self) -> i64 {
         self.0.iter().fold(0i64, |n, (lo, hi)| n.saturating_add(hi.saturating_sub(*lo).saturating_add(1)))
     }
 
@@ -252,7 +255,7 @@ mod tests {
     fn ranges_at_the_ends_of_i64_merge_without_overflow() {
         let r = SeqRanges::from_unsorted(vec![(i64::MAX, i64::MAX), (i64::MIN, i64::MAX - 1), (5, 1)]);
         assert_eq!(r.0, vec![(i64::MIN, i64::MAX)]);
-        assert_eq!(r.len(), i64::MAX);
+        assert_eq!(r.positions(), i64::MAX);
         assert!(r.contains(i64::MAX) && r.contains(i64::MIN));
     }
 
@@ -362,7 +365,7 @@ mod tests {
     fn ranges_merge_clamp_and_walk() {
         let r = SeqRanges::from_unsorted(vec![(5, 7), (1, 2), (3, 4), (10, 12), (11, 11), (9, 8)]);
         assert_eq!(r.0, vec![(1, 7), (10, 12)]);
-        assert_eq!(r.len(), 10);
+        assert_eq!(r.positions(), 10);
         assert!(r.contains(7) && !r.contains(8) && r.contains(10));
         assert_eq!(r.descending_from(11).collect::<Vec<_>>(), vec![(10, 11), (1, 7)]);
         assert_eq!(r.ascending_from(6).collect::<Vec<_>>(), vec![(6, 7), (10, 12)]);

@@ -335,6 +335,22 @@ pub async fn state_changes(
     .await?)
 }
 
+/// The seq of the `n`th event below `seq` (`n` >= 1), or of the lowest one
+/// when fewer lie below; `None` when none does. Positions are sparse, so "the
+/// N events before" is counted here, on the (room_id, seq) primary key: one
+/// descending index scan of at most `n` entries.
+pub async fn nth_before(conn: &mut AnyConnection, room_id: &str, seq: i64, n: i64) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT MIN(w.seq) FROM (SELECT seq FROM events WHERE room_id = $1 AND seq < $2 \
+         ORDER BY seq DESC LIMIT $3) w",
+    )
+    .bind(room_id)
+    .bind(seq)
+    .bind(n)
+    .fetch_one(conn)
+    .await?)
+}
+
 /// The first seq of an event sent at or after `ts` (for retention).
 pub async fn first_seq_since(db: &Db, room_id: &str, ts: i64) -> Result<Option<i64>> {
     // The earliest event at or after `ts` by the (room, ts) index: one seek.

@@ -161,6 +161,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (17, "state_runs", include_str!("../../migrations/sqlite/0017_state_runs.sql")),
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
+    (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -183,6 +184,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (17, "state_runs", include_str!("../../migrations/postgres/0017_state_runs.sql")),
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
+    (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
 ];
 
 impl Db {
@@ -335,6 +337,8 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+#[cfg(test)]
+mod sparse_tests;
 #[cfg(test)]
 mod state_tests;
 

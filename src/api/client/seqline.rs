@@ -52,6 +52,8 @@ async fn clear_history(
     if !access.ever_member() {
         return Err(Error::Forbidden("You are not a member of this room".into()));
     }
+    // Just above the head: every event so far is below the floor, the next
+    // one (placed further above, `position::next_after`) is not.
     memberships::raise_user_floor(&state.db, room_id.as_str(), me.user_id.as_str(), view.room.last_seq + 1)
         .await?;
     Ok(axum::Json(json!({})))
