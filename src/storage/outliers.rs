@@ -35,16 +35,10 @@ pub struct NewOutlier<'a> {
 /// Stores an outlier with its auth edges; false (and nothing written) when
 /// the event is held already, as an outlier or placed.
 pub async fn insert(conn: &mut AnyConnection, o: &NewOutlier<'_>) -> Result<bool> {
-    let placed: Option<i64> = sqlx::query_scalar("SELECT seq FROM events WHERE event_id = $1")
-        .bind(o.event_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if placed.is_some() {
-        return Ok(false);
-    }
     let done = sqlx::query(
         "INSERT INTO outliers (event_id, room_id, event_type, state_key, sender, origin_server_ts, json, received_ts) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (event_id) DO NOTHING",
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8 WHERE NOT EXISTS (SELECT 1 FROM events WHERE event_id = $1) \
+         ON CONFLICT (event_id) DO NOTHING",
     )
     .bind(o.event_id)
     .bind(o.room_id)

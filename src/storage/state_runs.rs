@@ -23,7 +23,9 @@ use crate::error::Result;
 const ROWS_PER_INSERT: usize = 100;
 
 /// One row: the state after `seq` holds `event_id` for (type, key), or
-/// nothing (`None`).
+/// nothing (`None`); replaces a row the position had for the key (so that
+/// placing an event and writing its position's snapshot may come in either
+/// order).
 pub async fn record(
     conn: &mut AnyConnection,
     room_id: &str,
@@ -33,7 +35,8 @@ pub async fn record(
     event_id: Option<&str>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO state_runs (room_id, event_type, state_key, seq, event_id) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO state_runs (room_id, event_type, state_key, seq, event_id) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (room_id, event_type, state_key, seq) DO UPDATE SET event_id = excluded.event_id",
     )
     .bind(room_id)
     .bind(event_type)

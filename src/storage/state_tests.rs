@@ -676,6 +676,36 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
         tx.commit().await.unwrap();
         assert!(!keyed(&events::state_at(&db, room, 3).await.unwrap()).contains_key("$name"), "{label}");
 
+        // A position's snapshot may also be written before its event is placed.
+        let mut tx = db.begin_write().await.unwrap();
+        let mut with_topic = later[..5].to_vec();
+        with_topic.push(("m.room.topic", "", "$topic3"));
+        assert_eq!(state_runs::write_snapshot(tx.conn(), room, 4, &with_topic).await.unwrap(), 1, "{label}");
+        let topic3 = pdu("$topic3", "m.room.topic", Some(""), &["$create", "$power"]);
+        events::insert(
+            tx.conn(),
+            &NewEvent {
+                room_id: room,
+                seq: 4,
+                stream: 4,
+                event_id: "$topic3",
+                event_type: "m.room.topic",
+                state_key: Some(""),
+                sender: "@me:here",
+                origin_server_ts: 9,
+                json: &topic3,
+                txn: None,
+                membership: None,
+                prev_events: &["$topic2"],
+                auth_events: &["$create", "$power"],
+            },
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let at4 = keyed(&events::state_at(&db, room, 4).await.unwrap());
+        assert_eq!((at4.len(), at4.get("$topic3")), (6, Some(&4)), "{label}: {at4:?}");
+
         db.close().await;
         fresh.finish().await;
     }
