@@ -78,3 +78,20 @@ pub async fn sync_once(
     assert_eq!(status, 200, "{body}");
     body
 }
+
+/// Waits (up to 30 s) until `check` answers `Some`, asking again every
+/// 100 ms: for what another server does in its own time.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -3,9 +3,7 @@
 //! turn the invite down (make_leave / send_leave through the inviting
 //! server).
 
-use std::time::{Duration, Instant};
-
-use complement_tests::api::{V3, create_room, enc, room_path};
+use complement_tests::api::{V3, create_room, enc, eventually, room_path};
 use complement_tests::backend_tests;
 use complement_tests::federation::FedServer;
 use complement_tests::harness::{Backend, User};
@@ -19,22 +17,6 @@ backend_tests!(
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
 );
-
-/// Waits (up to 30 s) until `check` answers `Some`, asking again every 100 ms.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn seqline_sync(seq: &FedServer, user: &User, since: Option<&str>) -> Value {
     let path = match since {

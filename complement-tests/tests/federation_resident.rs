@@ -5,11 +5,9 @@
 //! only redacted copies), and the leave reaches seqline. Room versions 12
 //! (seqline's default) and 10.
 
-use std::time::{Duration, Instant};
-
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
-use complement_tests::api::{V3, assert_error, create_room, enc, event_id_of, room_path, text};
+use complement_tests::api::{V3, assert_error, create_room, enc, event_id_of, eventually, room_path, text};
 use complement_tests::backend_tests;
 use complement_tests::federation::{FedServer, now_ms, x_matrix};
 use complement_tests::harness::{Backend, User};
@@ -33,22 +31,6 @@ async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
 
 async fn synapse_user_joins_talks_and_leaves_v10(backend: Backend) {
     joins_talks_and_leaves(backend, "10").await;
-}
-
-/// Waits (up to 30 s) until `check` answers `Some`, asking again every 100 ms.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The bodies of the room's messages a user sees, oldest first (one page

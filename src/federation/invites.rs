@@ -16,17 +16,6 @@ use crate::room::timeline::{self, Appended, RoomWriter};
 use crate::state::AppState;
 use crate::storage::events;
 
-/// The state an invitee's server is shown of the room.
-const STRIPPED_TYPES: [&str; 7] = [
-    "m.room.create",
-    "m.room.join_rules",
-    "m.room.name",
-    "m.room.avatar",
-    "m.room.canonical_alias",
-    "m.room.encryption",
-    "m.room.topic",
-];
-
 /// Invites `draft`'s target, a user of another server, into `room_id`.
 pub async fn invite_remote(state: &AppState, room_id: &RoomId, draft: &Draft) -> Result<Appended> {
     let target = draft
@@ -40,7 +29,7 @@ pub async fn invite_remote(state: &AppState, room_id: &RoomId, draft: &Draft) ->
         (pdu, writer.version.clone(), writer.rules.clone())
     };
     let mut stripped = Vec::new();
-    for kind in STRIPPED_TYPES {
+    for kind in crate::room::STRIPPED_STATE_TYPES {
         if let Some(stored) = events::state_event(&state.db, room_id.as_str(), kind, "").await? {
             stripped.push(RawStrippedState::Pdu(raw(stored.json)?));
         }

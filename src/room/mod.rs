@@ -31,6 +31,18 @@ use crate::error::{Error, Result};
 pub const CREATABLE_VERSIONS: &[RoomVersionId] =
     &[RoomVersionId::V10, RoomVersionId::V11, RoomVersionId::V12];
 
+/// The state an invitee or knocker is shown of a room (stripped state),
+/// besides the member events of the invitee and the inviter.
+pub const STRIPPED_STATE_TYPES: [&str; 7] = [
+    "m.room.create",
+    "m.room.join_rules",
+    "m.room.name",
+    "m.room.avatar",
+    "m.room.canonical_alias",
+    "m.room.encryption",
+    "m.room.topic",
+];
+
 /// The default version for new rooms (the spec recommends 12 since v1.16).
 pub const DEFAULT_VERSION: RoomVersionId = RoomVersionId::V12;
 

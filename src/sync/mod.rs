@@ -567,15 +567,7 @@ async fn left_room(
 /// Stripped state for an invite or a knock: the room's identity, the
 /// user's own member event and its sender's.
 async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<Vec<Value>> {
-    const TYPES: &[&str] = &[
-        "m.room.create",
-        "m.room.join_rules",
-        "m.room.name",
-        "m.room.avatar",
-        "m.room.canonical_alias",
-        "m.room.encryption",
-        "m.room.topic",
-    ];
+    const TYPES: &[&str] = &crate::room::STRIPPED_STATE_TYPES;
     let mut out = Vec::new();
     let current = events::current_state(&state.db, &view.room.room_id).await?;
     let mut inviter: Option<OwnedUserId> = None;
