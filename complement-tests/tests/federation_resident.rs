@@ -23,6 +23,7 @@ backend_tests!(
     public_rooms_are_read_across_servers,
     remote_invites_and_joins_are_checked,
     a_partial_join_completes,
+    server_acls_are_enforced,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -628,4 +629,61 @@ async fn a_partial_join_completes(backend: Backend) {
         (status == 200 && known == expected).then_some(())
     })
     .await;
+}
+
+/// A room's server ACL shuts a server out of every federation entry point:
+/// joins through us, its PDUs, the events it asks for.
+async fn server_acls_are_enforced(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let deny_b = json!({ "allow": ["*"], "deny": ["127.0.0.1"] });
+    let room = create_room(
+        &a.server,
+        &alice,
+        json!({
+            "preset": "public_chat", "room_version": "11",
+            "initial_state": [{ "type": "m.room.server_acl", "state_key": "", "content": deny_b }],
+        }),
+    )
+    .await;
+    let make_join = format!("/_matrix/federation/v1/make_join/{}/{}?ver=11", enc(&room), enc(&bob));
+    assert_error(
+        &acting.call("GET", &make_join, None).await,
+        403,
+        "M_FORBIDDEN",
+        "make_join denied by the ACL",
+    );
+
+    // Let it in, join, then shut it out again.
+    let acl_path = room_path(&room, "/state/m.room.server_acl/");
+    let (status, body) = a.server.put(&acl_path, Some(&alice.token), json!({ "allow": ["*"] })).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, template) = acting.call("GET", &make_join, None).await;
+    assert_eq!(status, 200, "{template}");
+    let mut join = template["event"].clone();
+    let join_id = acting.sign(&mut join);
+    let send_join = format!("/_matrix/federation/v2/send_join/{}/{}", enc(&room), enc(&join_id));
+    let (status, answer) = acting.call("PUT", &send_join, Some(&join)).await;
+    assert_eq!(status, 200, "{answer}");
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let (status, body) = a.server.put(&acl_path, Some(&alice.token), deny_b).await;
+    assert_eq!(status, 200, "{body}");
+
+    let mut message = json!({
+        "type": "m.room.message", "room_id": room, "sender": bob,
+        "content": { "msgtype": "m.text", "body": "denied" },
+        "prev_events": [join_id], "auth_events": [create_id, power_id, join_id],
+        "depth": join["depth"].as_i64().unwrap() + 1, "origin_server_ts": now_ms(),
+    });
+    let message_id = acting.sign(&mut message);
+    let (status, results) = acting.send_txn("acl1", &[&message]).await;
+    assert_eq!(status, 200, "{results}");
+    assert!(results["pdus"][&message_id]["error"].as_str().is_some_and(|e| e.contains("ACL")), "{results}");
+    let event_uri = format!("/_matrix/federation/v1/event/{}", enc(&join_id));
+    assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "/event denied by the ACL");
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert!(!page.to_string().contains("denied\""), "{page}");
 }

@@ -172,6 +172,10 @@ async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pd
     if !own_member_event && !store::server_in_room(&state.db, room_id.as_str(), origin.as_str()).await? {
         return Err(Error::Forbidden(format!("{origin} is not in room {room_id}")));
     }
+    super::acl::check(state, room_id.as_str(), origin).await?;
+    if origin != pdu.sender.server_name() {
+        super::acl::check(state, room_id.as_str(), pdu.sender.server_name()).await?;
+    }
     match crate::room::timeline::append_remote(state, room_id, pdu.clone(), false).await {
         Err(Error::MissingPrevEvents(why)) => {
             // Events we missed in between: asked of the sender once, placed

@@ -4,6 +4,7 @@
 //! ([`send`]), and the server keys ([`keys`]: ours as published, other
 //! servers' fetched and cached).
 
+pub mod acl;
 pub mod incoming;
 pub mod invites;
 pub mod joining;

@@ -57,6 +57,7 @@ pub async fn make_membership(
         return Err(Error::Forbidden(format!("{origin} cannot act for {user_id}")));
     }
     let view = open_room(state, room_id).await?;
+    super::acl::check(state, room_id.as_str(), origin).await?;
     let (version, _) = crate::room::rules_for(&view.room.room_version)?;
     if let Some(ver) = ver {
         // The spec's default when the asking server names none: version 1 only.
@@ -113,6 +114,7 @@ pub async fn send_membership(
     membership: &str,
 ) -> Result<(RoomView, Pdu, i64)> {
     let view = open_room(state, room_id).await?;
+    super::acl::check(state, room_id.as_str(), origin).await?;
     let pdu = super::incoming::check_pdu(state, &view.rules, raw).await?;
     if pdu.event_id != event_id {
         return Err(Error::BadJson(format!("The event's id is {}, not {event_id}", pdu.event_id)));

@@ -236,7 +236,8 @@ pub async fn access(state: &AppState, view: &RoomView, user_id: &UserId) -> Resu
 
 /// What another server may be sent of the room ([`visibility::server_visible`]
 /// over the union of its users' ranges, above the room's floors). A server
-/// none of whose users is joined now is refused (403), as Synapse does.
+/// none of whose users is joined now, or that the room's server ACL denies,
+/// is refused (403), as Synapse does.
 pub async fn server_access(
     state: &AppState,
     view: &RoomView,
@@ -246,6 +247,7 @@ pub async fn server_access(
     if !crate::storage::federation::server_in_room(&state.db, room_id, server.as_str()).await? {
         return Err(Error::Forbidden(format!("{server} is not in this room")));
     }
+    crate::federation::acl::check(state, room_id, server).await?;
     let room = room_inputs(state, view).await?;
     let floor = floor(state, view, room.max_lifetime, 0).await?;
     let rows = memberships::server_ranges(&state.db, room_id, server.as_str()).await?;
