@@ -95,3 +95,17 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// The bodies of the `m.room.message` events of a `/messages` page taken
+/// backwards (`dir=b`), oldest first.
+pub fn message_bodies(page: &Value) -> Vec<String> {
+    let mut out: Vec<String> = page["chunk"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "m.room.message")
+        .filter_map(|e| e["content"]["body"].as_str().map(str::to_owned))
+        .collect();
+    out.reverse();
+    out
+}

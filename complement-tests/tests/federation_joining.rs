@@ -3,12 +3,12 @@
 //! turn the invite down (make_leave / send_leave through the inviting
 //! server).
 
-use complement_tests::api::{V3, create_room, enc, eventually, room_path};
+use complement_tests::api::{V3, create_room, enc, eventually, message_bodies, room_path, sync_once};
 use complement_tests::backend_tests;
 use complement_tests::federation::FedServer;
 use complement_tests::harness::{Backend, User};
 use complement_tests::synapse::{Synapse, SynapseOptions};
-use serde_json::{Value, json};
+use serde_json::json;
 
 backend_tests!(
     synapse_invites_a_seqline_user_who_rejects,
@@ -17,16 +17,6 @@ backend_tests!(
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
 );
-
-async fn seqline_sync(seq: &FedServer, user: &User, since: Option<&str>) -> Value {
-    let path = match since {
-        Some(s) => format!("{V3}/sync?timeout=0&since={}", enc(s)),
-        None => format!("{V3}/sync?timeout=0"),
-    };
-    let (status, body) = seq.server.get(&path, Some(&user.token)).await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
 
 async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
     let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
@@ -56,7 +46,7 @@ async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
     assert_eq!(status, 200, "{created}");
     let room = created["room_id"].as_str().unwrap().to_owned();
 
-    let first = seqline_sync(&seq, &alice, None).await;
+    let first = sync_once(&seq.server, &alice, None).await;
     let since = first["next_batch"].as_str().unwrap().to_owned();
     let (status, body) =
         syn.post(&room_path(&room, "/invite"), Some(&bob_token), json!({ "user_id": alice_id })).await;
@@ -64,7 +54,7 @@ async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
 
     // The invite reaches alice's sync with the room's stripped state.
     let invite = eventually("the invite in alice's sync", || async {
-        let body = seqline_sync(&seq, &alice, Some(&since)).await;
+        let body = sync_once(&seq.server, &alice, Some(&since)).await;
         body["rooms"]["invite"].get(&room).cloned()
     })
     .await;
@@ -95,7 +85,7 @@ async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
             .then_some(())
     })
     .await;
-    let after = seqline_sync(&seq, &alice, Some(&since)).await;
+    let after = sync_once(&seq.server, &alice, Some(&since)).await;
     assert!(after["rooms"]["leave"].get(&room).is_some(), "{after}");
     assert!(after["rooms"]["invite"].get(&room).is_none(), "{after}");
     // Turning it down twice is refused.
@@ -109,19 +99,6 @@ async fn seqline_user_joins_a_synapse_room_v12(backend: Backend) {
 
 async fn seqline_user_joins_a_synapse_room_v10(backend: Backend) {
     joins_a_synapse_room(backend, "10").await;
-}
-
-/// The bodies of a /messages page (dir=b), oldest first.
-fn bodies(page: &Value) -> Vec<String> {
-    let mut out: Vec<String> = page["chunk"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["type"] == "m.room.message")
-        .filter_map(|e| e["content"]["body"].as_str().map(str::to_owned))
-        .collect();
-    out.reverse();
-    out
 }
 
 async fn joins_a_synapse_room(backend: Backend, version: &str) {
@@ -165,7 +142,7 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
     // The room's state is readable from the join on: its name, its creator's power.
     let (status, name) = seq.server.get(&room_path(&room, "/state/m.room.name/"), Some(&alice.token)).await;
     assert_eq!((status, name["name"].as_str()), (200, Some("On Synapse")), "{name}");
-    let initial = seqline_sync(&seq, &alice, None).await;
+    let initial = sync_once(&seq.server, &alice, None).await;
     let joined = &initial["rooms"]["join"][&room];
     assert!(joined.is_object(), "{initial}");
     let since = initial["next_batch"].as_str().unwrap().to_owned();
@@ -181,7 +158,7 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
     assert_eq!(status, 200, "{sent}");
     let bob_event = sent["event_id"].as_str().unwrap().to_owned();
     eventually("bob's message in alice's sync", || async {
-        let body = seqline_sync(&seq, &alice, Some(&since)).await;
+        let body = sync_once(&seq.server, &alice, Some(&since)).await;
         let timeline = &body["rooms"]["join"][&room]["timeline"]["events"];
         timeline.as_array().into_iter().flatten().any(|e| e["event_id"] == bob_event.as_str()).then_some(())
     })
@@ -204,11 +181,11 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
         .then_some(page)
     })
     .await;
-    assert_eq!(bodies(&page), ["before alice", "welcome alice", "thanks bob"], "{page}");
+    assert_eq!(message_bodies(&page), ["before alice", "welcome alice", "thanks bob"], "{page}");
     let (status, page) =
         seq.server.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&alice.token)).await;
     assert_eq!(status, 200, "{page}");
-    assert_eq!(bodies(&page), ["welcome alice", "thanks bob"], "{page}");
+    assert_eq!(message_bodies(&page), ["welcome alice", "thanks bob"], "{page}");
 
     // Alice leaves; Synapse hears of it.
     let (status, body) = seq.server.post(&room_path(&room, "/leave"), Some(&alice.token), json!({})).await;
@@ -225,7 +202,7 @@ async fn seqline_bodies(server: &FedServer, user: &User, room: &str) -> Vec<Stri
     let (status, page) =
         server.server.get(&room_path(room, "/messages?dir=b&limit=50"), Some(&user.token)).await;
     assert_eq!(status, 200, "{page}");
-    bodies(&page)
+    message_bodies(&page)
 }
 
 async fn say(server: &FedServer, user: &User, room: &str, txn: &str, body: &str) -> String {
@@ -260,7 +237,7 @@ async fn a_departed_remote_user_reads_nothing_after_leaving(backend: Backend) {
     .await;
     assert_eq!(seqline_bodies(&b, &bob, &room).await, ["two"]);
 
-    let before_leave = seqline_sync(&b, &bob, None).await["next_batch"].as_str().unwrap().to_owned();
+    let before_leave = sync_once(&b.server, &bob, None).await["next_batch"].as_str().unwrap().to_owned();
     let (status, body) = b.server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
     assert_eq!(status, 200, "{body}");
     let bob_id = b.user_id("bob");
@@ -276,7 +253,7 @@ async fn a_departed_remote_user_reads_nothing_after_leaving(backend: Backend) {
     .await;
     // Bob: not in /messages, not in /sync after his leave, not by id.
     assert_eq!(seqline_bodies(&b, &bob, &room).await, ["two"]);
-    let sync = seqline_sync(&b, &bob, Some(&before_leave)).await;
+    let sync = sync_once(&b.server, &bob, Some(&before_leave)).await;
     assert!(!sync.to_string().contains("three"), "{sync}");
     let (status, _) =
         b.server.get(&room_path(&room, &format!("/event/{}", enc(&three))), Some(&bob.token)).await;

@@ -7,7 +7,9 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
-use complement_tests::api::{V3, assert_error, create_room, enc, event_id_of, eventually, room_path, text};
+use complement_tests::api::{
+    V3, assert_error, create_room, enc, event_id_of, eventually, message_bodies, room_path, text,
+};
 use complement_tests::backend_tests;
 use complement_tests::federation::{FedServer, now_ms, x_matrix};
 use complement_tests::harness::{Backend, User};
@@ -32,20 +34,6 @@ async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
 
 async fn synapse_user_joins_talks_and_leaves_v10(backend: Backend) {
     joins_talks_and_leaves(backend, "10").await;
-}
-
-/// The bodies of the room's messages a user sees, oldest first (one page
-/// back from the end).
-fn bodies(page: &Value) -> Vec<String> {
-    let mut out: Vec<String> = page["chunk"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["type"] == "m.room.message")
-        .filter_map(|e| e["content"]["body"].as_str().map(str::to_owned))
-        .collect();
-    out.reverse();
-    out
 }
 
 async fn seqline_messages(seq: &FedServer, user: &User, room: &str) -> Value {
@@ -145,13 +133,13 @@ async fn joins_talks_and_leaves(backend: Backend, version: &str) {
 
     // One conversation, one order, on both servers; bob never reads what was
     // said before he joined (Synapse had it only as a redacted copy).
-    assert_eq!(bodies(&page), ["hello from synapse", "hello from seqline"], "{page}");
+    assert_eq!(message_bodies(&page), ["hello from synapse", "hello from seqline"], "{page}");
     assert!(!page.to_string().contains("before bob"), "{page}");
     let (status, hidden) =
         syn.get(&room_path(&room, &format!("/event/{}", enc(&before_id))), Some(&bob.token)).await;
     assert!(status == 404 || hidden["content"].get("body").is_none(), "{status} {hidden}");
     let page = seqline_messages(&seq, &alice, &room).await;
-    assert_eq!(bodies(&page), ["before bob", "hello from synapse", "hello from seqline"], "{page}");
+    assert_eq!(message_bodies(&page), ["before bob", "hello from synapse", "hello from seqline"], "{page}");
 
     // Bob leaves; seqline hears of it.
     let (status, left) = syn.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
@@ -169,7 +157,7 @@ async fn joins_talks_and_leaves(backend: Backend, version: &str) {
     let (status, page) =
         seq.server.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&alice.token)).await;
     assert_eq!(status, 200);
-    assert_eq!(bodies(&page).last().map(String::as_str), Some("after bob"));
+    assert_eq!(message_bodies(&page).last().map(String::as_str), Some("after bob"));
 }
 
 /// Another seqline server's identity, for tests that act as that server:
@@ -329,7 +317,7 @@ async fn remote_joins_and_events_are_checked(backend: Backend) {
         assert_eq!(results["pdus"], json!({ hello_id.clone(): {} }));
     }
     let page = seqline_messages(&a, &alice, &room).await;
-    assert_eq!(bodies(&page), ["secret before", "hello from b"], "{page}");
+    assert_eq!(message_bodies(&page), ["secret before", "hello from b"], "{page}");
 
     // A PDU whose content was changed after signing is kept redacted.
     let mut tampered = message("original", &hello_id);

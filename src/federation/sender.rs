@@ -7,7 +7,7 @@
 //! [`FIRST_BACKOFF_MS`] up to [`MAX_BACKOFF_MS`]) and is forgotten as soon as
 //! the destination proves reachable (it answers, or it calls us).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use ruma::api::federation::transactions::send_transaction_message;
 use ruma::{MilliSecondsSinceUnixEpoch, OwnedServerName, OwnedTransactionId, UInt};
 
 use crate::state::AppState;
-use crate::storage::{self, events, federation as store};
+use crate::storage::{self, federation as store};
 
 /// Most PDUs in one transaction (the spec's limit).
 pub const MAX_PDUS: i64 = 50;
@@ -143,22 +143,23 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
             return Err(now + FIRST_BACKOFF_MS);
         }
     };
-    let mut pdus = Vec::with_capacity(queued.len());
-    let mut seen = HashSet::new();
-    for (_, event_id) in &queued {
-        if !seen.insert(event_id.as_str()) {
-            continue;
+    // The transaction's events in one query, sent in queue order.
+    let ids: Vec<&str> = queued.iter().map(|(_, id)| id.as_str()).collect();
+    let mut held: HashMap<String, String> = match crate::storage::outliers::held_by_ids(&state.db, &ids).await
+    {
+        Ok(found) => found.into_iter().map(|h| (h.event_id, h.json)).collect(),
+        Err(e) => {
+            failed(&e);
+            return Err(now + FIRST_BACKOFF_MS);
         }
-        match events::by_id(&state.db, event_id).await {
-            Ok(Some(stored)) => match serde_json::value::RawValue::from_string(stored.json) {
-                Ok(raw) => pdus.push(raw),
-                Err(e) => tracing::error!(%event_id, "stored event is not JSON: {e}"),
-            },
-            Ok(None) => tracing::error!(%event_id, "queued event is gone"),
-            Err(e) => {
-                failed(&e);
-                return Err(now + FIRST_BACKOFF_MS);
-            }
+    };
+    let mut pdus = Vec::with_capacity(queued.len());
+    for event_id in ids {
+        // An id queued twice is sent once (the first take empties its entry).
+        let Some(json) = held.remove(event_id) else { continue };
+        match serde_json::value::RawValue::from_string(json) {
+            Ok(raw) => pdus.push(raw),
+            Err(e) => tracing::error!(%event_id, "stored event is not JSON: {e}"),
         }
     }
     let mut request = send_transaction_message::v1::Request::new(
