@@ -61,6 +61,8 @@ pub struct Services {
     pub federation_sender: crate::federation::sender::Sender,
     /// Where other servers are reached (well-known cache, SRV).
     pub server_resolver: crate::federation::resolve::Resolver,
+    /// Backfills under way, and events no server could give.
+    pub backfills: crate::federation::backfill::Backfills,
 }
 
 impl AppState {
@@ -98,6 +100,7 @@ impl AppState {
             ),
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
             federation_sender: crate::federation::sender::Sender::default(),
+            backfills: crate::federation::backfill::Backfills::default(),
         }))
     }
 }

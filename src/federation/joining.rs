@@ -209,7 +209,7 @@ async fn check_answer(
             Err(e) => tracing::info!(%room_id, %via, "dropped an event of the send_join answer: {e}"),
         }
     }
-    let events = authorise_chain(&rules, candidates);
+    let events = authorise_chain(&rules, &HashMap::new(), candidates);
     let mut room_state: HashMap<(String, String), Pdu> = HashMap::new();
     for raw in &answer.state {
         let Ok(object) = serde_json::from_str::<CanonicalJsonObject>(raw.get()) else { continue };
@@ -248,15 +248,20 @@ async fn check_answer(
 /// The events of an auth chain (and state) that pass the authorisation
 /// rules against their own auth events, each checked after those (depth
 /// order, then id); an event whose auth events did not pass does not pass.
-fn authorise_chain(
+/// `held` are events accepted before (they may be the candidates' auth
+/// events); the answer holds the candidates that passed.
+pub(super) fn authorise_chain(
     rules: &RoomVersionRules,
+    held: &HashMap<OwnedEventId, Pdu>,
     candidates: HashMap<OwnedEventId, Pdu>,
 ) -> HashMap<OwnedEventId, Pdu> {
-    let mut order: Vec<&Pdu> = candidates.values().collect();
+    let mut order: Vec<&Pdu> = candidates.values().filter(|p| !held.contains_key(&p.event_id)).collect();
     order.sort_by(|a, b| a.depth.cmp(&b.depth).then_with(|| a.event_id.cmp(&b.event_id)));
     let mut accepted: HashMap<OwnedEventId, Pdu> = HashMap::new();
+    let held_create = held.values().find(|a| a.kind == TimelineEventType::RoomCreate);
     for pdu in order {
-        let auth: Vec<&Pdu> = pdu.auth_events.iter().filter_map(|id| accepted.get(id)).collect();
+        let get = |id: &ruma::EventId| accepted.get(id).or_else(|| held.get(id));
+        let auth: Vec<&Pdu> = pdu.auth_events.iter().filter_map(|id| get(id)).collect();
         if auth.len() != pdu.auth_events.len() {
             continue;
         }
@@ -266,17 +271,16 @@ fn authorise_chain(
                 .find(|a| a.kind.to_string() == t.to_string() && a.state_key.as_deref() == Some(k))
         };
         // v12: the create event is no auth event, yet the rules read it.
-        let create = accepted.values().find(|a| a.kind == TimelineEventType::RoomCreate);
+        let create =
+            held_create.or_else(|| accepted.values().find(|a| a.kind == TimelineEventType::RoomCreate));
         let state_lookup = |t: &StateEventType, k: &str| {
             by_key(t, k)
                 .or_else(|| (*t == StateEventType::RoomCreate && k.is_empty()).then_some(create).flatten())
         };
-        let ok = ruma::state_res::check_state_independent_auth_rules(&rules.authorization, pdu, |id| {
-            accepted.get(id)
-        })
-        .and_then(|()| {
-            ruma::state_res::check_state_dependent_auth_rules(&rules.authorization, pdu, state_lookup)
-        });
+        let ok = ruma::state_res::check_state_independent_auth_rules(&rules.authorization, pdu, get)
+            .and_then(|()| {
+                ruma::state_res::check_state_dependent_auth_rules(&rules.authorization, pdu, state_lookup)
+            });
         match ok {
             Ok(()) => {
                 accepted.insert(pdu.event_id.clone(), pdu.clone());

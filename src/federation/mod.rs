@@ -5,6 +5,7 @@
 //! servers' fetched and cached).
 
 pub mod acl;
+pub mod backfill;
 pub mod incoming;
 pub mod invites;
 pub mod joining;

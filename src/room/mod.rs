@@ -5,6 +5,7 @@
 
 #[cfg(test)]
 mod auth_tests;
+pub mod backfill;
 pub mod cache;
 pub mod create;
 pub mod directory;

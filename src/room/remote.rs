@@ -9,6 +9,7 @@
 
 use ruma::UserId;
 
+use super::pdu::Pdu;
 use crate::error::{Error, Result};
 use crate::federation::joining::JoinedRoom;
 use crate::state::AppState;
@@ -42,24 +43,7 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
     }
 
     for pdu in joined.events.values() {
-        let json = pdu.to_json_string();
-        let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
-        let kind = pdu.kind.to_string();
-        outliers::insert(
-            tx.conn(),
-            &outliers::NewOutlier {
-                event_id: pdu.event_id.as_str(),
-                room_id: room,
-                event_type: &kind,
-                state_key: pdu.state_key.as_deref(),
-                sender: pdu.sender.as_str(),
-                origin_server_ts: i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX),
-                json: &json,
-                auth_events: &auth,
-                received_ts: now,
-            },
-        )
-        .await?;
+        hold(tx.conn(), room, pdu, now).await?;
     }
 
     let join = &joined.join;
@@ -148,4 +132,28 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
     drop(reservation);
     state.notifier.wake([user.as_str()]);
     Ok(seq)
+}
+
+/// Holds another server's checked event as an outlier of `room` (nothing
+/// written when it is held already).
+pub(super) async fn hold(conn: &mut sqlx::AnyConnection, room: &str, pdu: &Pdu, now: i64) -> Result<()> {
+    let json = pdu.to_json_string();
+    let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
+    let kind = pdu.kind.to_string();
+    outliers::insert(
+        conn,
+        &outliers::NewOutlier {
+            event_id: pdu.event_id.as_str(),
+            room_id: room,
+            event_type: &kind,
+            state_key: pdu.state_key.as_deref(),
+            sender: pdu.sender.as_str(),
+            origin_server_ts: i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX),
+            json: &json,
+            auth_events: &auth,
+            received_ts: now,
+        },
+    )
+    .await?;
+    Ok(())
 }

@@ -470,7 +470,22 @@ impl RoomWriter {
             self.destinations.extend(destinations);
         }
         if let Some(target) = redacts {
-            events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
+            if events::by_id_tx(self.tx.conn(), target.as_str()).await?.is_some() {
+                events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
+            } else {
+                // Another server's redaction of an event we lack: it applies
+                // when the event arrives (here or through backfill).
+                crate::storage::backfill::add_pending_redaction(
+                    self.tx.conn(),
+                    self.room_id.as_str(),
+                    target.as_str(),
+                    pdu.event_id.as_str(),
+                )
+                .await?;
+            }
+        }
+        if draft.sender.server_name() != state.settings.server_name {
+            self.apply_pending_redactions(&pdu).await?;
         }
         self.reservations.push(reservation);
         self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));
@@ -486,6 +501,26 @@ impl RoomWriter {
             self.state_changed = true;
         }
         Ok(Appended { pdu, seq, is_new: true })
+    }
+
+    /// Redactions placed before `target` arrived that name it: each applies
+    /// if its sender may redact it.
+    async fn apply_pending_redactions(&mut self, target: &Pdu) -> Result<()> {
+        let room = self.room_id.as_str().to_owned();
+        let waiting = crate::storage::backfill::take_pending_redactions(
+            self.tx.conn(),
+            &room,
+            target.event_id.as_str(),
+        )
+        .await?;
+        for (redaction_id, _, json) in waiting {
+            let redaction = Pdu::from_stored(&redaction_id, &json)?;
+            let power = self.power_levels().await?;
+            if super::redaction::check(&redaction, &room, target, &room, &power).is_ok() {
+                events::set_redacted_by(self.tx.conn(), target.event_id.as_str(), &redaction_id).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether `redaction` may redact `target` (see [`super::redaction`]): the

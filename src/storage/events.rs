@@ -94,6 +94,18 @@ pub struct NewEvent<'a> {
 /// records the change in `state_runs` (the state after an accepted state
 /// event holds it for its own key) and makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
+    insert_row(conn, e).await?;
+    if let Some(state_key) = e.state_key {
+        super::state_runs::record(conn, e.room_id, e.event_type, state_key, e.seq, Some(e.event_id)).await?;
+        set_current(conn, e.room_id, e.event_type, state_key, e.event_id, e.membership, e.seq).await?;
+    }
+    Ok(())
+}
+
+/// Places an event at its seq with its DAG edges and nothing else: no
+/// `state_runs` row, no current state (backfill writes the state of the
+/// positions it fills itself, and never moves the current state).
+pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO events (room_id, seq, stream, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -111,12 +123,7 @@ pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     .bind(e.txn.map(|t| t.1))
     .execute(&mut *conn)
     .await?;
-    super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await?;
-    if let Some(state_key) = e.state_key {
-        super::state_runs::record(conn, e.room_id, e.event_type, state_key, e.seq, Some(e.event_id)).await?;
-        set_current(conn, e.room_id, e.event_type, state_key, e.event_id, e.membership, e.seq).await?;
-    }
-    Ok(())
+    super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await
 }
 
 /// Makes `event_id` (placed or outlier) the current state for (type, state
@@ -504,12 +511,13 @@ pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<Stri
 }
 
 /// The highest seq of a room whose stream position is at or below `stream`
-/// (within a room, seq and stream grow together).
+/// (within a room, seq and stream grow together). Backfilled events have no
+/// stream position (0) and are never the answer.
 pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
     // One index seek: the newest row at or below the position (MAX(seq) would
     // read every earlier row of the room).
     let seq: Option<i64> = sqlx::query_scalar(
-        "SELECT seq FROM events WHERE room_id = $1 AND stream <= $2 ORDER BY stream DESC LIMIT 1",
+        "SELECT seq FROM events WHERE room_id = $1 AND stream <= $2 AND stream > 0 ORDER BY stream DESC LIMIT 1",
     )
     .bind(room_id)
     .bind(stream)

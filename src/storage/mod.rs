@@ -9,6 +9,7 @@
 
 pub mod account_data;
 pub mod aliases;
+pub mod backfill;
 pub mod backup;
 pub mod dag;
 pub mod devices;
@@ -162,6 +163,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
+    (24, "pending_redactions", include_str!("../../migrations/sqlite/0024_pending_redactions.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -185,6 +187,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
+    (24, "pending_redactions", include_str!("../../migrations/postgres/0024_pending_redactions.sql")),
 ];
 
 impl Db {

@@ -19,6 +19,10 @@ use crate::state::AppState;
 /// The largest page served.
 const MAX_LIMIT: usize = 1000;
 
+/// Backfills one `/messages` request may wait for (each brings up to 100
+/// events from another server).
+const MAX_BACKFILLS: usize = 3;
+
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route_json(router, messages);
     route_json(router, context)
@@ -91,8 +95,8 @@ async fn lazy_state(
 async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let b = &req.body;
-    let view = read::open(&state, &b.room_id).await?;
-    let access = read::access(&state, &view, &me.user_id).await?;
+    let mut view = read::open(&state, &b.room_id).await?;
+    let mut access = read::access(&state, &view, &me.user_id).await?;
     require_some_access(&access)?;
     let dir = match b.dir {
         Direction::Backward => Dir::Backward,
@@ -110,8 +114,23 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
     let limit = usize::try_from(u64::from(b.limit)).unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
     let fields = raw_event_fields(req.query_param("filter"))?;
     let filter = event_filter(&b.filter)?;
-    let page =
-        history::page(&state, &view, &access, PageRequest { from, to, dir, limit, filter: &filter }).await?;
+    let request = PageRequest { from, to, dir, limit, filter: &filter };
+    let mut page = history::page(&state, &view, &access, request).await?;
+    // Paging back past the bottom of the line: history this server does not
+    // have yet may lie below it (a room joined over federation), fetched
+    // from other servers, placed, and read with the user's ranges worked
+    // out again (the placed history carries its own visibility).
+    for _ in 0..MAX_BACKFILLS {
+        let short = page.next.is_none() && page.events.len() < limit && dir == Dir::Backward;
+        let Some(first) = access.ranges.first().filter(|_| short) else { break };
+        let readable_from = to.map_or(first, |t| first.max(t.saturating_add(1)));
+        if !crate::federation::backfill::fill_below(&state, &b.room_id, readable_from).await? {
+            break;
+        }
+        view = read::open(&state, &b.room_id).await?;
+        access = read::access(&state, &view, &me.user_id).await?;
+        page = history::page(&state, &view, &access, request).await?;
+    }
     let mut body = json!({
         "start": history::token(from),
         "chunk": format_all(&view, &page.events, me, &access),
