@@ -243,6 +243,34 @@ async fn remote_joins_and_events_are_checked(backend: Backend) {
     // Nothing of the room for a server with no user in it.
     let event_uri = format!("/_matrix/federation/v1/event/{}", enc(&secret));
     assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "event before joining");
+    let r = enc(&room);
+    let s = enc(&secret);
+    let gme = json!({ "earliest_events": [], "latest_events": [secret], "limit": 10 });
+    for (method, uri, body) in [
+        ("GET", format!("/_matrix/federation/v1/state/{r}?event_id={s}"), None),
+        ("GET", format!("/_matrix/federation/v1/state_ids/{r}?event_id={s}"), None),
+        ("GET", format!("/_matrix/federation/v1/event_auth/{r}/{s}"), None),
+        ("GET", format!("/_matrix/federation/v1/backfill/{r}?v={s}&limit=10"), None),
+        ("POST", format!("/_matrix/federation/v1/get_missing_events/{r}"), Some(&gme)),
+    ] {
+        let answer = acting.call(method, &uri, body).await;
+        assert_error(&answer, 403, "M_FORBIDDEN", &format!("{uri} before joining"));
+        assert!(!answer.1.to_string().contains("secret before"), "{uri}: {answer:?}");
+    }
+    // A leave for a user who is not in the room, or for another server's user.
+    let make_leave = |user: &str| format!("/_matrix/federation/v1/make_leave/{r}/{}", enc(user));
+    assert_error(
+        &acting.call("GET", &make_leave(&bob), None).await,
+        403,
+        "M_FORBIDDEN",
+        "leave of a non-member",
+    );
+    assert_error(
+        &acting.call("GET", &make_leave(&carol), None).await,
+        403,
+        "M_FORBIDDEN",
+        "leave of another server's user",
+    );
 
     let (status, template) = acting.call("GET", &make_join(&bob, "11"), None).await;
     assert_eq!(status, 200, "{template}");
