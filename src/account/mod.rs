@@ -2,6 +2,7 @@
 //! user-interactive authentication. Knows nothing of HTTP; the client API
 //! handlers call it.
 
+pub mod deactivate;
 pub mod e2ee;
 pub mod keys;
 pub mod profile;

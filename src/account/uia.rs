@@ -35,6 +35,8 @@ pub enum Purpose<'a> {
     DeleteDevices(&'a [&'a str]),
     /// Replacing the cross-signing keys.
     ReplaceCrossSigningKeys,
+    /// Deactivating the account.
+    Deactivate,
 }
 
 impl Purpose<'_> {
@@ -45,6 +47,7 @@ impl Purpose<'_> {
             Self::Register => "register".into(),
             Self::ChangePassword => "password".into(),
             Self::ReplaceCrossSigningKeys => "cross_signing".into(),
+            Self::Deactivate => "deactivate".into(),
             Self::DeleteDevices(ids) => {
                 use sha2::Digest as _;
                 let mut ids = ids.to_vec();

@@ -75,6 +75,32 @@ pub async fn set_password_hash(db: &Db, user_id: &str, hash: &str) -> Result<()>
     Ok(())
 }
 
+/// Marks the account deactivated: no login, no token resolves; the localpart
+/// stays taken.
+pub async fn set_deactivated(db: &Db, user_id: &str) -> Result<()> {
+    sqlx::query("UPDATE users SET deactivated = 1 WHERE user_id = $1")
+        .bind(user_id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// Deletes what the server keeps for a deactivated user alone: profile
+/// fields, account data, filters, room-key backups, cross-signing keys.
+pub async fn erase_private_data(db: &Db, user_id: &str) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    for table in
+        ["profile_fields", "account_data", "filters", "backup_keys", "backup_versions", "cross_signing_keys"]
+    {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE user_id = $1")))
+            .bind(user_id)
+            .execute(tx.conn())
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Every profile field of a user: (field, JSON value).
 pub async fn profile(db: &Db, user_id: &str) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as("SELECT field, value FROM profile_fields WHERE user_id = $1 ORDER BY field")

@@ -1,11 +1,12 @@
 //! Accounts: `/register` (with UIA), `/register/available`, registration-token
-//! validity, `/account/password`.
+//! validity, `/account/password`, `/account/deactivate`.
 
 use axum::Router;
 use rand::Rng;
 use ruma::api::client::account::register::RegistrationKind;
 use ruma::api::client::account::{
-    change_password, check_registration_token_validity, get_username_availability, register,
+    ThirdPartyIdRemovalStatus, change_password, check_registration_token_validity, deactivate,
+    get_username_availability, register,
 };
 
 use crate::account::{self, uia};
@@ -19,7 +20,8 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, register);
     let router = route(router, username_available);
     let router = route(router, token_validity);
-    route(router, change_password)
+    let router = route(router, change_password);
+    route(router, deactivate)
 }
 
 use crate::api::extract::Ruma;
@@ -132,4 +134,22 @@ async fn change_password(
     account::change_password(&state, me, req.body.new_password.clone(), req.body.logout_devices).await?;
     grant.finish(&state).await?;
     Ok(change_password::v3::Response::new())
+}
+
+/// `POST /account/deactivate`: after the password (UIA), the account is
+/// gone for good (see `account::deactivate`). No identity server is ever
+/// bound here, so there is nothing to unbind.
+async fn deactivate(state: AppState, req: Ruma<deactivate::v3::Request>) -> Result<deactivate::v3::Response> {
+    let me = req.requester()?;
+    let grant = uia::authorize(
+        &state,
+        uia::Purpose::Deactivate,
+        Some(me),
+        &[&[uia::PASSWORD]],
+        req.body.auth.as_ref(),
+    )
+    .await?;
+    crate::account::deactivate::deactivate(&state, &me.user_id).await?;
+    grant.finish(&state).await?;
+    Ok(deactivate::v3::Response::new(ThirdPartyIdRemovalStatus::NoSupport))
 }
