@@ -253,6 +253,8 @@ pub struct Registration {
     pub mode: RegistrationMode,
     /// Tokens accepted in `token` mode.
     pub tokens: Vec<String>,
+    /// Lifetime of an access token that comes with a refresh token.
+    pub access_token_lifetime_ms: i64,
 }
 
 /// Size limits.
@@ -370,7 +372,7 @@ impl Default for Listen {
 
 impl Default for Registration {
     fn default() -> Self {
-        Self { mode: RegistrationMode::Off, tokens: Vec::new() }
+        Self { mode: RegistrationMode::Off, tokens: Vec::new(), access_token_lifetime_ms: 300_000 }
     }
 }
 
@@ -437,6 +439,8 @@ pub struct Settings {
     pub registration: RegistrationMode,
     /// Registration tokens.
     pub registration_tokens: Vec<String>,
+    /// Lifetime of an access token that comes with a refresh token.
+    pub access_token_lifetime_ms: i64,
     /// Body limit.
     pub max_request_body_bytes: usize,
     /// Media upload limit.
@@ -600,6 +604,7 @@ impl Config {
         for (name, field) in [
             ("SEQLINE_RETENTION_MIN_LIFETIME_MS", &mut self.history.retention_min_lifetime_ms),
             ("SEQLINE_RETENTION_MAX_LIFETIME_MS", &mut self.history.retention_max_lifetime_ms),
+            ("SEQLINE_ACCESS_TOKEN_LIFETIME_MS", &mut self.registration.access_token_lifetime_ms),
         ] {
             if let Some(v) = env(name) {
                 *field = v
@@ -764,6 +769,7 @@ impl Config {
             client_listen,
             registration: self.registration.mode,
             registration_tokens: self.registration.tokens,
+            access_token_lifetime_ms: self.registration.access_token_lifetime_ms.max(1),
             max_request_body_bytes: self.limits.max_request_body_bytes,
             max_upload_bytes: self.limits.max_upload_bytes,
             header_read_timeout: std::time::Duration::from_secs(self.limits.header_read_timeout_secs),

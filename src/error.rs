@@ -29,6 +29,9 @@ pub enum Error {
     /// The access token is not (or no longer) valid.
     #[error("Unknown access token")]
     UnknownToken,
+    /// The access token has expired: the client may refresh it (soft logout).
+    #[error("The access token has expired")]
+    ExpiredToken,
     /// The caller may not do this.
     #[error("{0}")]
     Forbidden(String),

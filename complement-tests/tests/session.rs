@@ -1,7 +1,7 @@
 //! Login, logout, whoami, devices and password changes.
 
 use complement_tests::backend_tests;
-use complement_tests::harness::{Backend, Server};
+use complement_tests::harness::{Backend, Options, Server};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -10,6 +10,7 @@ backend_tests!(
     logout_and_logout_all_revoke_tokens,
     devices_list_rename_and_delete_with_uia,
     password_change_logs_out_other_devices,
+    refresh_tokens_expire_rotate_and_keep_txn_ids,
 );
 
 fn password_login(user: Value, password: &str) -> Value {
@@ -233,4 +234,78 @@ async fn password_change_logs_out_other_devices(backend: Backend) {
     let (status, _) = server.get("/_matrix/client/v3/account/whoami", Some(&kept.token)).await;
     assert_eq!(status, 200);
     server.login("dave", "newer-pw").await;
+}
+
+/// Refresh tokens: asked for at login, the access token expires (soft
+/// logout), /refresh gives a new pair, the old refresh token works until the
+/// new access token is used, and a transaction id stays the device's across
+/// a refresh.
+async fn refresh_tokens_expire_rotate_and_keep_txn_ids(backend: Backend) {
+    let server =
+        Server::start_with(&backend, Options::default().env("SEQLINE_ACCESS_TOKEN_LIFETIME_MS", "1500"))
+            .await;
+    server.register("erin", "pw").await;
+    // Without asking: no refresh token, no expiry.
+    let (status, plain) =
+        server.post("/_matrix/client/v3/login", None, password_login(json!("erin"), "pw")).await;
+    assert_eq!(status, 200, "{plain}");
+    assert!(plain.get("refresh_token").is_none() && plain.get("expires_in_ms").is_none(), "{plain}");
+
+    let mut login = password_login(json!("erin"), "pw");
+    login["refresh_token"] = json!(true);
+    let (status, session) = server.post("/_matrix/client/v3/login", None, login).await;
+    assert_eq!(status, 200, "{session}");
+    assert_eq!(session["expires_in_ms"], 1500, "{session}");
+    let token = session["access_token"].as_str().unwrap().to_owned();
+    let first_refresh = session["refresh_token"].as_str().unwrap().to_owned();
+    let room = {
+        let (status, body) = server.post("/_matrix/client/v3/createRoom", Some(&token), json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        body["room_id"].as_str().unwrap().to_owned()
+    };
+    let send =
+        format!("/_matrix/client/v3/rooms/{}/send/m.room.message/txn1", complement_tests::api::enc(&room));
+    let message = json!({ "msgtype": "m.text", "body": "once" });
+    let (status, sent) = server.put(&send, Some(&token), message.clone()).await;
+    assert_eq!(status, 200, "{sent}");
+
+    // The access token expires: 401 with soft_logout.
+    let expired = complement_tests::api::eventually("the access token to expire", || async {
+        let (status, body) = server.get("/_matrix/client/v3/account/whoami", Some(&token)).await;
+        (status == 401).then_some(body)
+    })
+    .await;
+    assert_eq!(
+        (expired["errcode"].as_str(), expired["soft_logout"].as_bool()),
+        (Some("M_UNKNOWN_TOKEN"), Some(true))
+    );
+
+    let refresh =
+        |token: &str| server.post("/_matrix/client/v3/refresh", None, json!({ "refresh_token": token }));
+    let (status, bad) = refresh("not-a-refresh-token").await;
+    assert_eq!((status, bad["errcode"].as_str()), (401, Some("M_UNKNOWN_TOKEN")), "{bad}");
+    let (status, renewed) = refresh(&first_refresh).await;
+    assert_eq!(status, 200, "{renewed}");
+    assert_eq!(renewed["expires_in_ms"], 1500);
+    // The answer was lost: the old refresh token still works, once more.
+    let (status, renewed) = refresh(&first_refresh).await;
+    assert_eq!(status, 200, "{renewed}");
+    let new_token = renewed["access_token"].as_str().unwrap().to_owned();
+    let new_refresh = renewed["refresh_token"].as_str().unwrap().to_owned();
+    assert_ne!(new_token, token);
+    assert_ne!(new_refresh, first_refresh);
+
+    // The same transaction id on the same device names the same event.
+    let (status, again) = server.put(&send, Some(&new_token), message).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["event_id"], sent["event_id"]);
+    // The new access token was used: the old refresh token is spent.
+    let (status, spent) = refresh(&first_refresh).await;
+    assert_eq!((status, spent["errcode"].as_str()), (401, Some("M_UNKNOWN_TOKEN")), "{spent}");
+    let (status, _) = refresh(&new_refresh).await;
+    assert_eq!(status, 200);
+    // The token from the plain login never expires.
+    let (status, _) =
+        server.get("/_matrix/client/v3/account/whoami", Some(plain["access_token"].as_str().unwrap())).await;
+    assert_eq!(status, 200);
 }

@@ -42,6 +42,9 @@ pub struct Session {
     pub device_id: OwnedDeviceId,
     /// The access token; only its hash is stored.
     pub access_token: String,
+    /// With a refresh token: the refresh token and the access token's
+    /// lifetime in milliseconds.
+    pub refresh: Option<(String, i64)>,
 }
 
 /// How long a `last_seen` timestamp may lag before a request refreshes it.
@@ -195,30 +198,72 @@ pub async fn check_available(state: &AppState, localpart: &str) -> Result<()> {
 /// Issues an access token for a device of `user_id` (a new device when
 /// `device_id` is `None` or unknown; an existing device's old token stops
 /// working).
+/// With `refresh`, the access token expires after the configured lifetime
+/// and comes with a refresh token.
 pub async fn issue_session(
     state: &AppState,
     user_id: &UserId,
     device_id: Option<OwnedDeviceId>,
     display_name: Option<&str>,
     ip: Option<&str>,
+    refresh: bool,
 ) -> Result<Session> {
     let device_id = device_id.unwrap_or_else(new_device_id);
     validate_device_id(&device_id)?;
     let access_token = new_access_token();
+    let now = storage::now_ms();
+    let lifetime = state.settings.access_token_lifetime_ms;
+    let refresh_token = refresh.then(new_access_token);
+    let refresh_hash = refresh_token.as_deref().map(hash_token);
     devices::login(
         &state.db,
         user_id.as_str(),
         device_id.as_str(),
         display_name,
         &hash_token(&access_token),
-        storage::now_ms(),
+        refresh_hash
+            .as_deref()
+            .map(|refresh_hash| devices::Refresh { refresh_hash, expires_ts: now.saturating_add(lifetime) }),
+        now,
         ip,
     )
     .await?;
     // A login with an existing device id replaced that device's token: the
     // old one is forgotten once the new one is stored.
     state.tokens.forget_device(user_id.as_str(), device_id.as_str());
-    Ok(Session { user_id: user_id.to_owned(), device_id, access_token })
+    Ok(Session {
+        user_id: user_id.to_owned(),
+        device_id,
+        access_token,
+        refresh: refresh_token.map(|t| (t, lifetime)),
+    })
+}
+
+/// `/refresh`: a new access token (expiring) and refresh token for the
+/// device holding `refresh_token`; its old access token stops working.
+/// `UnknownToken` for a refresh token no device holds (or one replaced by a
+/// refresh whose access token was used since).
+pub async fn refresh(state: &AppState, refresh_token: &str) -> Result<Session> {
+    let access_token = new_access_token();
+    let next_refresh = new_access_token();
+    let lifetime = state.settings.access_token_lifetime_ms;
+    let next_hash = hash_token(&next_refresh);
+    let (user_id, device_id) = devices::refresh(
+        &state.db,
+        &hash_token(refresh_token),
+        &hash_token(&access_token),
+        devices::Refresh { refresh_hash: &next_hash, expires_ts: storage::now_ms().saturating_add(lifetime) },
+    )
+    .await?
+    .ok_or(Error::UnknownToken)?;
+    state.tokens.forget_device(&user_id, &device_id);
+    Ok(Session {
+        user_id: OwnedUserId::try_from(user_id)
+            .map_err(|e| Error::Internal(format!("stored user id: {e}")))?,
+        device_id: device_id.into(),
+        access_token,
+        refresh: Some((next_refresh, lifetime)),
+    })
 }
 
 /// Checks a user's password; `Forbidden` for an unknown user, a deactivated
@@ -328,6 +373,8 @@ struct CachedOwner {
     requester: Requester,
     /// The device's last-seen time as stored (refreshed through the database).
     last_seen_ts: i64,
+    /// When the token expires, if it does.
+    expires_ts: Option<i64>,
     cached_at: i64,
 }
 
@@ -335,8 +382,9 @@ impl TokenCache {
     fn get(&self, token_hash: &str, now: i64) -> Option<Requester> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let hit = entries.get(token_hash)?;
-        let fresh =
-            now - hit.cached_at <= TOKEN_CACHE_TTL_MS && now - hit.last_seen_ts <= LAST_SEEN_GRANULARITY_MS;
+        let fresh = now - hit.cached_at <= TOKEN_CACHE_TTL_MS
+            && now - hit.last_seen_ts <= LAST_SEEN_GRANULARITY_MS
+            && hit.expires_ts.is_none_or(|expires| now < expires);
         fresh.then(|| hit.requester.clone())
     }
 
@@ -346,7 +394,15 @@ impl TokenCache {
         self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn put(&self, token_hash: String, requester: Requester, last_seen_ts: i64, now: i64, generation: u64) {
+    fn put(
+        &self,
+        token_hash: String,
+        requester: Requester,
+        last_seen_ts: i64,
+        expires_ts: Option<i64>,
+        now: i64,
+        generation: u64,
+    ) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if self.generation() != generation {
             // A device was forgotten since the lookup began: its answer may
@@ -356,7 +412,7 @@ impl TokenCache {
         if entries.len() >= TOKEN_CACHE_MAX {
             entries.clear();
         }
-        entries.insert(token_hash, CachedOwner { requester, last_seen_ts, cached_at: now });
+        entries.insert(token_hash, CachedOwner { requester, last_seen_ts, expires_ts, cached_at: now });
     }
 
     /// Forgets every token of a device (logged out, deleted, or given a new
@@ -378,6 +434,12 @@ pub async fn authenticate(state: &AppState, token: &str, ip: Option<&str>) -> Re
     }
     let generation = state.tokens.generation();
     let owner = devices::by_token(&state.db, &token_hash).await?.ok_or(Error::UnknownToken)?;
+    if owner.expires_ts.is_some_and(|expires| now >= expires) {
+        return Err(Error::ExpiredToken);
+    }
+    if owner.refresh_pending {
+        devices::refresh_used(&state.db, &owner.user_id, &owner.device_id).await?;
+    }
     let mut last_seen = owner.last_seen_ts.unwrap_or(0);
     if now - last_seen > LAST_SEEN_GRANULARITY_MS {
         devices::touch(&state.db, &owner.user_id, &owner.device_id, now, ip).await?;
@@ -389,7 +451,7 @@ pub async fn authenticate(state: &AppState, token: &str, ip: Option<&str>) -> Re
         device_id: owner.device_id.into(),
         is_admin: owner.is_admin,
     };
-    state.tokens.put(token_hash, requester.clone(), last_seen, now, generation);
+    state.tokens.put(token_hash, requester.clone(), last_seen, owner.expires_ts, now, generation);
     Ok(requester)
 }
 
@@ -445,10 +507,10 @@ mod tests {
         };
         let before_logout = cache.generation();
         cache.forget_device("@alice:example.org", "DEV");
-        cache.put("hash".into(), alice.clone(), 0, 0, before_logout);
+        cache.put("hash".into(), alice.clone(), 0, None, 0, before_logout);
         assert!(cache.get("hash", 0).is_none());
         let now = cache.generation();
-        cache.put("hash".into(), alice, 0, 0, now);
+        cache.put("hash".into(), alice, 0, None, 0, now);
         assert!(cache.get("hash", 0).is_some());
     }
 

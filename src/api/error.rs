@@ -16,7 +16,7 @@ impl Error {
             Self::MissingParam(_) => (StatusCode::BAD_REQUEST, "M_MISSING_PARAM"),
             Self::InvalidParam(_) => (StatusCode::BAD_REQUEST, "M_INVALID_PARAM"),
             Self::MissingToken => (StatusCode::UNAUTHORIZED, "M_MISSING_TOKEN"),
-            Self::UnknownToken => (StatusCode::UNAUTHORIZED, "M_UNKNOWN_TOKEN"),
+            Self::UnknownToken | Self::ExpiredToken => (StatusCode::UNAUTHORIZED, "M_UNKNOWN_TOKEN"),
             Self::Forbidden(_) | Self::RegistrationDisabled => (StatusCode::FORBIDDEN, "M_FORBIDDEN"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "M_NOT_FOUND"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "M_UNKNOWN"),
@@ -54,8 +54,9 @@ impl IntoResponse for Error {
         let (status, errcode) = self.status_and_code();
         let body: Value = match &self {
             Self::Uia(challenge) => serde_json::to_value(challenge.as_ref()).unwrap_or_else(|_| json!({})),
-            Self::UnknownToken => {
-                json!({ "errcode": errcode, "error": self.to_string(), "soft_logout": false })
+            Self::UnknownToken | Self::ExpiredToken => {
+                let soft_logout = matches!(self, Self::ExpiredToken);
+                json!({ "errcode": errcode, "error": self.to_string(), "soft_logout": soft_logout })
             }
             Self::LimitExceeded { retry_after_ms } => {
                 json!({ "errcode": errcode, "error": self.to_string(), "retry_after_ms": retry_after_ms })

@@ -28,18 +28,24 @@ pub struct TokenOwner {
     pub is_admin: bool,
     /// Last activity, to rate-limit `last_seen` writes.
     pub last_seen_ts: Option<i64>,
+    /// When the token stops working (tokens issued with a refresh token).
+    pub expires_ts: Option<i64>,
+    /// The refresh token this access token's refresh replaced is still taken.
+    pub refresh_pending: bool,
 }
 
 /// Gives the device a new token, creating the device if it does not exist
 /// (an existing device keeps its display name: the spec ignores
 /// `initial_device_display_name` for a known device). The pushers set with
 /// the device's previous token go with it.
+#[allow(clippy::too_many_arguments)]
 pub async fn login(
     db: &Db,
     user_id: &str,
     device_id: &str,
     display_name: Option<&str>,
     token_hash: &str,
+    refresh: Option<Refresh<'_>>,
     now: i64,
     ip: Option<&str>,
 ) -> Result<()> {
@@ -50,11 +56,14 @@ pub async fn login(
         .execute(tx.conn())
         .await?;
     sqlx::query(
-        "INSERT INTO devices (user_id, device_id, display_name, token_hash, created_ts, last_seen_ts, last_seen_ip) \
-         VALUES ($1, $2, $3, $4, $5, $5, $6) \
+        "INSERT INTO devices (user_id, device_id, display_name, token_hash, created_ts, last_seen_ts, last_seen_ip, \
+           token_expires_ts, refresh_hash, prev_refresh_hash) \
+         VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, NULL) \
          ON CONFLICT (user_id, device_id) DO UPDATE SET \
            token_hash = excluded.token_hash, \
-           last_seen_ts = excluded.last_seen_ts, last_seen_ip = excluded.last_seen_ip",
+           last_seen_ts = excluded.last_seen_ts, last_seen_ip = excluded.last_seen_ip, \
+           token_expires_ts = excluded.token_expires_ts, refresh_hash = excluded.refresh_hash, \
+           prev_refresh_hash = NULL",
     )
     .bind(user_id)
     .bind(device_id)
@@ -62,28 +71,91 @@ pub async fn login(
     .bind(token_hash)
     .bind(now)
     .bind(ip)
+    .bind(refresh.map(|r| r.expires_ts))
+    .bind(refresh.map(|r| r.refresh_hash))
     .execute(tx.conn())
     .await?;
     tx.commit().await?;
     Ok(())
 }
 
+/// A refresh token issued with an access token.
+#[derive(Debug, Clone, Copy)]
+pub struct Refresh<'a> {
+    /// sha-256 of the refresh token.
+    pub refresh_hash: &'a str,
+    /// When the access token stops working.
+    pub expires_ts: i64,
+}
+
 /// Resolves an access-token hash to its owner.
 pub async fn by_token(db: &Db, token_hash: &str) -> Result<Option<TokenOwner>> {
-    let row: Option<(String, String, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT d.user_id, d.device_id, u.is_admin, d.last_seen_ts \
+    type OwnerRow = (String, String, i64, Option<i64>, Option<i64>, Option<String>);
+    let row: Option<OwnerRow> = sqlx::query_as(
+        "SELECT d.user_id, d.device_id, u.is_admin, d.last_seen_ts, d.token_expires_ts, d.prev_refresh_hash \
          FROM devices d JOIN users u ON u.user_id = d.user_id \
          WHERE d.token_hash = $1 AND u.deactivated = 0",
     )
     .bind(token_hash)
     .fetch_optional(&db.pool)
     .await?;
-    Ok(row.map(|(user_id, device_id, is_admin, last_seen_ts)| TokenOwner {
+    Ok(row.map(|(user_id, device_id, is_admin, last_seen_ts, expires_ts, prev_refresh)| TokenOwner {
         user_id,
         device_id,
         is_admin: is_admin != 0,
         last_seen_ts,
+        expires_ts,
+        refresh_pending: prev_refresh.is_some(),
     }))
+}
+
+/// Gives the device holding the refresh token `old_hash` (as its current
+/// one, or as the one replaced by a refresh whose access token is still
+/// unused) a new access token and refresh token; answers (user, device), or
+/// `None` for a refresh token no live device holds.
+pub async fn refresh(
+    db: &Db,
+    old_hash: &str,
+    token_hash: &str,
+    next: Refresh<'_>,
+) -> Result<Option<(String, String)>> {
+    let mut tx = db.begin_write().await?;
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT d.user_id, d.device_id FROM devices d JOIN users u ON u.user_id = d.user_id \
+         WHERE (d.refresh_hash = $1 OR d.prev_refresh_hash = $1) AND d.token_hash IS NOT NULL \
+           AND u.deactivated = 0",
+    )
+    .bind(old_hash)
+    .fetch_optional(tx.conn())
+    .await?;
+    let Some((user_id, device_id)) = row else { return Ok(None) };
+    // The token refreshed with stays usable until the new access token is
+    // used (whether it was the current one or, on a retry, the previous).
+    sqlx::query(
+        "UPDATE devices SET token_hash = $1, refresh_hash = $2, prev_refresh_hash = $3, token_expires_ts = $4 \
+         WHERE user_id = $5 AND device_id = $6",
+    )
+    .bind(token_hash)
+    .bind(next.refresh_hash)
+    .bind(old_hash)
+    .bind(next.expires_ts)
+    .bind(&user_id)
+    .bind(&device_id)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(Some((user_id, device_id)))
+}
+
+/// The device's new access token was used: the refresh token it replaced
+/// stops working.
+pub async fn refresh_used(db: &Db, user_id: &str, device_id: &str) -> Result<()> {
+    sqlx::query("UPDATE devices SET prev_refresh_hash = NULL WHERE user_id = $1 AND device_id = $2")
+        .bind(user_id)
+        .bind(device_id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
 }
 
 /// Records activity of a device.

@@ -233,7 +233,8 @@ async fn migration_to_sparse_positions_keeps_every_answer() {
         let mut tokens = BTreeMap::new();
         for name in ["alice", "bob", "carol"] {
             let user = crate::account::create_user(&state, name, None, false).await.unwrap();
-            let session = crate::account::issue_session(&state, &user, None, None, None).await.unwrap();
+            let session =
+                crate::account::issue_session(&state, &user, None, None, None, false).await.unwrap();
             tokens.insert(name, session.access_token);
         }
         let (alice, bob, carol) = (&tokens["alice"], &tokens["bob"], &tokens["carol"]);

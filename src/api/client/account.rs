@@ -82,10 +82,15 @@ async fn register(state: AppState, req: Ruma<register::v3::Request>) -> Result<r
             body.device_id.clone(),
             body.initial_device_display_name.as_deref(),
             ip.as_deref(),
+            body.refresh_token,
         )
         .await?;
         response.access_token = Some(session.access_token);
         response.device_id = Some(session.device_id);
+        if let Some((refresh_token, lifetime)) = session.refresh {
+            response.refresh_token = Some(refresh_token);
+            response.expires_in = Some(super::session::lifetime_duration(lifetime));
+        }
     }
     grant.finish(&state).await?;
     Ok(response)

@@ -1,10 +1,10 @@
-//! Login and logout: `/login`, `/logout`, `/logout/all`, `/account/whoami`.
+//! Login and logout: `/login`, `/refresh`, `/logout`, `/logout/all`, `/account/whoami`.
 
 use axum::Router;
 use ruma::api::client::account::whoami;
 use ruma::api::client::session::get_login_types::v3::{LoginType, PasswordLoginType};
 use ruma::api::client::session::login::v3::LoginInfo;
-use ruma::api::client::session::{get_login_types, login, logout, logout_all};
+use ruma::api::client::session::{get_login_types, login, logout, logout_all, refresh_token};
 use ruma::api::client::uiaa::UserIdentifier;
 
 use crate::account;
@@ -17,6 +17,7 @@ use crate::storage::devices;
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, login_types);
     let router = route(router, login);
+    let router = route(router, refresh);
     let router = route(router, logout);
     let router = route(router, logout_all);
     route(router, whoami)
@@ -53,10 +54,38 @@ async fn login(state: AppState, req: Ruma<login::v3::Request>) -> Result<login::
         body.device_id.clone(),
         body.initial_device_display_name.as_deref(),
         ip.as_deref(),
+        body.refresh_token,
     )
     .await?;
     let mut response = login::v3::Response::new(session.user_id, session.access_token, session.device_id);
     response.home_server = Some(state.settings.server_name.clone());
+    if let Some((refresh_token, lifetime)) = session.refresh {
+        response.refresh_token = Some(refresh_token);
+        response.expires_in = Some(lifetime_duration(lifetime));
+    }
+    Ok(response)
+}
+
+/// A token lifetime in milliseconds as the API's duration.
+pub(super) fn lifetime_duration(ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// `POST /refresh`: no access token needed (it may have expired); a refresh
+/// token no device holds is 401 `M_UNKNOWN_TOKEN`.
+async fn refresh(
+    state: AppState,
+    req: Ruma<refresh_token::v3::Request>,
+) -> Result<refresh_token::v3::Response> {
+    if let Some(ip) = req.client_ip {
+        state.rate_limiter.check(Action::Login, ip)?;
+    }
+    let session = account::refresh(&state, &req.body.refresh_token).await?;
+    let mut response = refresh_token::v3::Response::new(session.access_token);
+    if let Some((refresh_token, lifetime)) = session.refresh {
+        response.refresh_token = Some(refresh_token);
+        response.expires_in_ms = Some(lifetime_duration(lifetime));
+    }
     Ok(response)
 }
 
