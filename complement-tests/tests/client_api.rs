@@ -119,7 +119,7 @@ async fn profile_changes_reach_member_events(backend: Backend) {
         .put(
             "/_matrix/client/v3/profile/@alice:test.local/avatar_url",
             Some(&alice.token),
-            json!({ "avatar_url": "https://x" }),
+            json!({ "avatar_url": "not a uri" }),
         )
         .await;
     assert_eq!((status, body["errcode"].as_str()), (400, Some("M_BAD_JSON")), "{body}");

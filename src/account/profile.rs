@@ -53,6 +53,17 @@ pub async fn lookup(state: &AppState, user: &UserId) -> Result<Map<String, Value
     }
 }
 
+/// Whether `s` is a URI (RFC 3986: a scheme, a colon, the rest without
+/// spaces or control characters).
+fn is_uri(s: &str) -> bool {
+    let Some((scheme, rest)) = s.split_once(':') else { return false };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && !rest.is_empty()
+        && !rest.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
 /// Sets or clears one field of one's own profile, and for the member fields
 /// sends the change into every joined room.
 pub async fn set(state: &AppState, user: &UserId, field: &str, value: Option<Value>) -> Result<()> {
@@ -63,8 +74,8 @@ pub async fn set(state: &AppState, user: &UserId, field: &str, value: Option<Val
         ("displayname", Some(v)) if !v.is_string() => {
             return Err(Error::BadJson("displayname must be a string".into()));
         }
-        ("avatar_url", Some(v)) if !v.as_str().is_some_and(|s| s.starts_with("mxc://")) => {
-            return Err(Error::BadJson("avatar_url must be an mxc:// URI".into()));
+        ("avatar_url", Some(v)) if !v.as_str().is_some_and(|s| s.is_empty() || is_uri(s)) => {
+            return Err(Error::BadJson("avatar_url must be a URI (clients use mxc://)".into()));
         }
         _ => {}
     }

@@ -28,7 +28,8 @@ pub async fn device_keys(db: &Db, user: &str) -> Result<Vec<(String, String)>> {
         .await?)
 }
 
-/// Adds one-time keys (existing ids are kept as they are).
+/// Adds one-time keys (existing ids are kept as they are), numbered after
+/// the device's last upload so that claims take the oldest first.
 pub async fn add_one_time_key(
     db: &Db,
     user: &str,
@@ -38,7 +39,9 @@ pub async fn add_one_time_key(
     key: &str,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO one_time_keys (user_id, device_id, key_id, algorithm, key) VALUES ($1, $2, $3, $4, $5) \
+        "INSERT INTO one_time_keys (user_id, device_id, key_id, algorithm, key, upload_order) \
+         SELECT $1, $2, $3, $4, $5, COALESCE(MAX(upload_order), 0) + 1 FROM one_time_keys \
+          WHERE user_id = $1 AND device_id = $2 \
          ON CONFLICT (user_id, device_id, key_id) DO NOTHING",
     )
     .bind(user)
@@ -74,7 +77,7 @@ pub async fn claim_one_time_key(
     let mut tx = db.begin_write().await?;
     let row: Option<(String, String)> = sqlx::query_as(
         "SELECT key_id, key FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3 \
-         ORDER BY key_id LIMIT 1",
+         ORDER BY upload_order, key_id LIMIT 1",
     )
     .bind(user)
     .bind(device)

@@ -165,6 +165,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
     (24, "pending_redactions", include_str!("../../migrations/sqlite/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/sqlite/0025_refresh_tokens.sql")),
+    (26, "one_time_key_order", include_str!("../../migrations/sqlite/0026_one_time_key_order.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -190,6 +191,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
     (24, "pending_redactions", include_str!("../../migrations/postgres/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/postgres/0025_refresh_tokens.sql")),
+    (26, "one_time_key_order", include_str!("../../migrations/postgres/0026_one_time_key_order.sql")),
 ];
 
 impl Db {

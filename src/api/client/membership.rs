@@ -173,6 +173,11 @@ async fn invite(state: AppState, req: Ruma<invite_user::v3::Request>) -> Result<
 
 async fn kick(state: AppState, req: Ruma<kick_user::v3::Request>) -> Result<kick_user::v3::Response> {
     let me = req.requester()?;
+    read::open(&state, &req.body.room_id).await?;
+    let target = read::MembershipHistory::load(&state, &req.body.room_id, &req.body.user_id).await?;
+    if !matches!(target.current(), "join" | "invite" | "knock") {
+        return Err(Error::Forbidden("The target user is not in the room".into()));
+    }
     let change =
         Change { target: req.body.user_id.clone(), membership: "leave", reason: req.body.reason.clone() };
     membership::change(&state, &req.body.room_id, &me.user_id, change).await?;

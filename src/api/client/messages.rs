@@ -65,10 +65,22 @@ async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64>
     history::parse_token(token)
 }
 
-/// 403 for a room the user may read nothing of and was never in.
-fn require_some_access(access: &Access) -> Result<()> {
+/// 403 for a room the user may read nothing of and was never in, and for a
+/// room they forgot (its history is gone for them).
+async fn require_some_access(
+    state: &AppState,
+    view: &RoomView,
+    me: &Requester,
+    access: &Access,
+) -> Result<()> {
     if access.ranges.is_empty() && !access.ever_member() {
         return Err(Error::Forbidden("You are not a member of this room".into()));
+    }
+    let room = view.room.room_id.as_str();
+    if !access.joined()
+        && crate::storage::memberships::is_forgotten(&state.db, me.user_id.as_str(), room).await?
+    {
+        return Err(Error::Forbidden("You forgot this room".into()));
     }
     Ok(())
 }
@@ -97,7 +109,7 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
     let b = &req.body;
     let mut view = read::open(&state, &b.room_id).await?;
     let mut access = read::access(&state, &view, &me.user_id).await?;
-    require_some_access(&access)?;
+    require_some_access(&state, &view, me, &access).await?;
     let dir = match b.dir {
         Direction::Backward => Dir::Backward,
         Direction::Forward => Dir::Forward,
@@ -170,7 +182,7 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
     let b = &req.body;
     let view = read::open(&state, &b.room_id).await?;
     let access = read::access(&state, &view, &me.user_id).await?;
-    require_some_access(&access)?;
+    require_some_access(&state, &view, me, &access).await?;
     let not_found = || Error::NotFound("Event not found".into());
     let event = read::load_by_id(&state, b.event_id.as_str()).await?;
     if event.stored.room_id != view.room.room_id || !access.ranges.contains(event.stored.seq) {

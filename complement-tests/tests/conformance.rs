@@ -1,0 +1,117 @@
+//! Behaviours where seqline followed the spec (or every other server) less
+//! closely than Complement checks: kicking someone who is not in the room,
+//! reading a forgotten room, the order one-time keys are handed out in,
+//! avatar URLs that are not mxc://.
+
+use complement_tests::api::{V3, assert_error, create_room, join, room_path, text};
+use complement_tests::backend_tests;
+use complement_tests::e2ee::{Key, device_keys, signed_one_time_key};
+use complement_tests::harness::{Backend, Server};
+use serde_json::json;
+
+backend_tests!(
+    kicking_someone_not_in_the_room_is_forbidden,
+    a_forgotten_room_cannot_be_read,
+    one_time_keys_are_claimed_in_upload_order,
+    avatar_urls_may_be_any_uri,
+);
+
+async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    server.register("carol", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    join(&server, &bob, &room).await;
+    let (status, _) = server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    for (who, what) in
+        [(server.user_id("bob"), "a user who left"), (server.user_id("carol"), "a user never there")]
+    {
+        let kick =
+            server.post(&room_path(&room, "/kick"), Some(&alice.token), json!({ "user_id": who })).await;
+        assert_error(&kick, 403, "M_FORBIDDEN", what);
+    }
+    // A member can still be kicked.
+    join(&server, &bob, &room).await;
+    let (status, body) = server
+        .post(&room_path(&room, "/kick"), Some(&alice.token), json!({ "user_id": server.user_id("bob") }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn a_forgotten_room_cannot_be_read(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    join(&server, &bob, &room).await;
+    let (status, sent) =
+        server.put(&room_path(&room, "/send/m.room.message/t1"), Some(&alice.token), text("hi")).await;
+    assert_eq!(status, 200);
+    let event = sent["event_id"].as_str().unwrap().to_owned();
+    let (status, _) = server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    // Left, not forgotten: the stay is still readable.
+    let (status, page) = server.get(&room_path(&room, "/messages?dir=b"), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{page}");
+    let (status, _) = server.post(&room_path(&room, "/forget"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    let messages = server.get(&room_path(&room, "/messages?dir=b"), Some(&bob.token)).await;
+    assert_error(&messages, 403, "M_FORBIDDEN", "/messages of a forgotten room");
+    let context = server.get(&room_path(&room, &format!("/context/{event}")), Some(&bob.token)).await;
+    assert_error(&context, 403, "M_FORBIDDEN", "/context of a forgotten room");
+    // Alice, who did not forget, reads on.
+    let (status, _) = server.get(&room_path(&room, "/messages?dir=b"), Some(&alice.token)).await;
+    assert_eq!(status, 200);
+}
+
+async fn one_time_keys_are_claimed_in_upload_order(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let key = Key::new("alice-device");
+    let (a, d) = (alice.user_id.as_str(), alice.device_id.as_str());
+    let upload_path = format!("{V3}/keys/upload");
+    let upload = |body: serde_json::Value| server.post(&upload_path, Some(&alice.token), body);
+    let (status, body) = upload(json!({ "device_keys": device_keys(a, d, &key) })).await;
+    assert_eq!(status, 200, "{body}");
+    // Key 1 first, then key 0 (whose id sorts first).
+    for (id, value) in [("signed_curve25519:1", "first"), ("signed_curve25519:0", "second")] {
+        let (status, body) =
+            upload(json!({ "one_time_keys": { id: signed_one_time_key(a, d, &key, value) } })).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let claim = json!({ "one_time_keys": { a: { d: "signed_curve25519" } } });
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = server.post(&format!("{V3}/keys/claim"), Some(&bob.token), claim.clone()).await;
+        assert_eq!(status, 200, "{body}");
+        let keys = body["one_time_keys"][a][d].as_object().unwrap().clone();
+        let (id, value) = keys.into_iter().next().unwrap();
+        got.push((id, value["key"].as_str().unwrap().to_owned()));
+    }
+    assert_eq!(
+        got,
+        [
+            ("signed_curve25519:1".to_owned(), "first".to_owned()),
+            ("signed_curve25519:0".to_owned(), "second".to_owned())
+        ]
+    );
+}
+
+async fn avatar_urls_may_be_any_uri(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let path = format!("{V3}/profile/{}/avatar_url", alice.user_id);
+    for url in ["mxc://example.org/abc", "https://example.org/me.png", ""] {
+        let (status, body) = server.put(&path, Some(&alice.token), json!({ "avatar_url": url })).await;
+        assert_eq!(status, 200, "{url}: {body}");
+        let (_, got) = server.get(&path, None).await;
+        assert_eq!(got["avatar_url"], url, "{got}");
+    }
+    for bad in [json!("no scheme"), json!("has space:x y"), json!(5)] {
+        let answer = server.put(&path, Some(&alice.token), json!({ "avatar_url": bad })).await;
+        assert_eq!(answer.0, 400, "{bad}: {answer:?}");
+    }
+}
