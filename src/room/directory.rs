@@ -177,8 +177,9 @@ pub async fn track_state(
 /// The largest `/publicRooms` page (also the page without a `limit`).
 const MAX_PUBLIC_ROOMS_PAGE: u64 = 500;
 
-/// One public room as `/publicRooms` lists it.
-fn chunk(s: RoomSummary) -> Value {
+/// One public room as `/publicRooms` lists it (a space hierarchy's rooms
+/// start from it too).
+pub fn chunk(s: RoomSummary) -> Value {
     let mut chunk = json!({
         "room_id": s.room_id,
         "num_joined_members": s.joined_members.max(0),

@@ -20,6 +20,7 @@ pub mod power;
 pub mod read;
 pub mod redaction;
 pub mod remote;
+pub mod spaces;
 pub mod timeline;
 pub mod visibility;
 

@@ -186,6 +186,20 @@ pub async fn current_state(db: &Db, room_id: &str) -> Result<Vec<StoredEvent>> {
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
 
+/// The current state events of one type (e.g. a space's `m.space.child`
+/// events), by state key.
+pub async fn current_state_of_type(db: &Db, room_id: &str, event_type: &str) -> Result<Vec<StoredEvent>> {
+    let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {RUN_COLUMNS} FROM room_state r {RUN_JOINS} \
+         WHERE r.room_id = $1 AND r.event_type = $2 ORDER BY r.state_key"
+    )))
+    .bind(room_id)
+    .bind(event_type)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().filter_map(from_run_row).collect())
+}
+
 /// The current state event for (type, state key).
 pub async fn state_event(
     db: &Db,

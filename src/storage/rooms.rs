@@ -259,6 +259,35 @@ type SummaryRow = (
     i64,
 );
 
+fn summary_from_row(
+    (room_id, name, topic, avatar_url, canonical_alias, join_rule, room_type, wr, guest, joined): SummaryRow,
+) -> RoomSummary {
+    RoomSummary {
+        room_id,
+        name,
+        topic,
+        avatar_url,
+        canonical_alias,
+        join_rule,
+        room_type,
+        world_readable: wr != 0,
+        guest_can_join: guest != 0,
+        joined_members: joined,
+    }
+}
+
+/// One room's summary row (published or not).
+pub async fn summary(db: &Db, room_id: &str) -> Result<Option<RoomSummary>> {
+    let row: Option<SummaryRow> = sqlx::query_as(
+        "SELECT s.room_id, s.name, s.topic, s.avatar_url, s.canonical_alias, s.join_rule, s.room_type, \
+                s.world_readable, s.guest_can_join, s.joined_members FROM room_summaries s WHERE s.room_id = $1",
+    )
+    .bind(room_id)
+    .fetch_optional(&db.pool)
+    .await?;
+    Ok(row.map(summary_from_row))
+}
+
 /// Published rooms whose name, topic or canonical alias contains `pattern`
 /// (a lower-case LIKE pattern; `None`: all), most joined members first, then
 /// by room id: the page at `offset` of up to `limit`, and how many match.
@@ -291,24 +320,6 @@ pub async fn published_summaries(
     }
     let total: i64 = total.fetch_one(&db.pool).await?;
     let rows: Vec<SummaryRow> = page.fetch_all(&db.pool).await?;
-    let list = rows
-        .into_iter()
-        .map(
-            |(room_id, name, topic, avatar_url, canonical_alias, join_rule, room_type, wr, guest, joined)| {
-                RoomSummary {
-                    room_id,
-                    name,
-                    topic,
-                    avatar_url,
-                    canonical_alias,
-                    join_rule,
-                    room_type,
-                    world_readable: wr != 0,
-                    guest_can_join: guest != 0,
-                    joined_members: joined,
-                }
-            },
-        )
-        .collect();
+    let list = rows.into_iter().map(summary_from_row).collect();
     Ok((list, total))
 }

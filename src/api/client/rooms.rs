@@ -33,7 +33,34 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route(router, joined_rooms_list);
     let router = route_json(router, joined_members_list);
     let router = route_json(router, members);
+    let router = route_json(router, hierarchy);
     route(router, redact)
+}
+
+/// `GET /v1/rooms/{roomId}/hierarchy`: the rooms a space links to, as the
+/// caller may see them (`room::spaces`).
+async fn hierarchy(
+    state: AppState,
+    req: Ruma<ruma::api::client::space::get_hierarchy::v1::Request>,
+) -> Result<Value> {
+    let me = req.requester()?;
+    let b = &req.body;
+    let size = |n: Option<ruma::UInt>| n.map(|n| usize::try_from(u64::from(n)).unwrap_or(usize::MAX));
+    if b.limit.is_some_and(|l| l == ruma::UInt::MIN) {
+        return Err(Error::InvalidParam("limit must be positive".into()));
+    }
+    crate::room::spaces::hierarchy(
+        &state,
+        me.user_id.as_str(),
+        crate::room::spaces::Query {
+            root: &b.room_id,
+            suggested_only: b.suggested_only,
+            max_depth: size(b.max_depth),
+            limit: size(b.limit),
+            from: b.from.as_deref(),
+        },
+    )
+    .await
 }
 
 fn object_of<T>(raw: &ruma::serde::Raw<T>, what: &str) -> Result<CanonicalJsonObject> {
