@@ -1,9 +1,10 @@
 //! Behaviours where seqline followed the spec (or every other server) less
 //! closely than Complement checks: kicking someone who is not in the room,
 //! reading a forgotten room, the order one-time keys are handed out in,
-//! avatar URLs that are not mxc://.
+//! avatar URLs that are not mxc://, what /sync carries (push rules,
+//! invites from ignored users, left rooms under a zero timeline limit).
 
-use complement_tests::api::{V3, assert_error, create_room, join, room_path, text};
+use complement_tests::api::{V3, assert_error, create_room, enc, join, room_path, sync_once, text};
 use complement_tests::backend_tests;
 use complement_tests::e2ee::{Key, device_keys, signed_one_time_key};
 use complement_tests::harness::{Backend, Server};
@@ -14,6 +15,9 @@ backend_tests!(
     a_forgotten_room_cannot_be_read,
     one_time_keys_are_claimed_in_upload_order,
     avatar_urls_may_be_any_uri,
+    initial_sync_carries_the_push_rules,
+    invites_from_ignored_users_are_not_shown,
+    a_left_room_with_a_zero_timeline_limit_has_no_events,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -114,4 +118,61 @@ async fn avatar_urls_may_be_any_uri(backend: Backend) {
         let answer = server.put(&path, Some(&alice.token), json!({ "avatar_url": bad })).await;
         assert_eq!(answer.0, 400, "{bad}: {answer:?}");
     }
+}
+
+async fn initial_sync_carries_the_push_rules(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let sync = sync_once(&server, &alice, None).await;
+    let rules = sync["account_data"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "m.push_rules")
+        .unwrap_or_else(|| panic!("no push rules: {sync}"));
+    let overrides = rules["content"]["global"]["override"].as_array().unwrap();
+    assert!(overrides.iter().any(|r| r["rule_id"] == ".m.rule.master"), "{rules}");
+    // An incremental sync with nothing new does not repeat them.
+    let since = sync["next_batch"].as_str().unwrap();
+    let (status, again) =
+        server.get(&format!("{V3}/sync?since={}&timeout=0", enc(since)), Some(&alice.token)).await;
+    assert_eq!(status, 200);
+    assert!(!again.to_string().contains("m.push_rules"), "{again}");
+}
+
+async fn invites_from_ignored_users_are_not_shown(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let carol = server.register("carol", "pw").await;
+    let path = format!("{V3}/user/{}/account_data/m.ignored_user_list", enc(&alice.user_id));
+    let (status, _) =
+        server.put(&path, Some(&alice.token), json!({ "ignored_users": { bob.user_id.clone(): {} } })).await;
+    assert_eq!(status, 200);
+    let from_bob = create_room(&server, &bob, json!({ "invite": [alice.user_id] })).await;
+    let from_carol = create_room(&server, &carol, json!({ "invite": [alice.user_id] })).await;
+    let sync = sync_once(&server, &alice, None).await;
+    let invites = sync["rooms"]["invite"].as_object().unwrap();
+    assert!(invites.contains_key(&from_carol), "{sync}");
+    assert!(!invites.contains_key(&from_bob), "{sync}");
+}
+
+async fn a_left_room_with_a_zero_timeline_limit_has_no_events(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    join(&server, &bob, &room).await;
+    let (status, _) =
+        server.put(&room_path(&room, "/send/m.room.message/t1"), Some(&alice.token), text("hi")).await;
+    assert_eq!(status, 200);
+    let (status, _) = server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    let filter = json!({ "room": { "include_leave": true, "timeline": { "limit": 0 } } });
+    let (status, sync) =
+        server.get(&format!("{V3}/sync?filter={}", enc(&filter.to_string())), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{sync}");
+    let left = &sync["rooms"]["leave"][&room];
+    assert!(left.is_object(), "{sync}");
+    assert_eq!(left["timeline"]["events"], json!([]), "{left}");
 }

@@ -203,7 +203,14 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
             room_data.push((room_id, kind, serde_json::to_string(&content).unwrap_or_default()));
         }
     }
+    // An initial sync carries the push rules even when the user never
+    // changed them (clients read them from there).
+    if initial && !global_data.iter().any(|d| d["type"] == "m.push_rules") {
+        let rules = crate::notify::ruleset(state, &me.user_id).await?;
+        global_data.push(json!({ "type": "m.push_rules", "content": { "global": rules } }));
+    }
     has_news |= !global_data.is_empty();
+    let ignored = ignored_users(state, &me.user_id).await?;
 
     for room_id in memberships::rooms_of(&state.db, me.user_id.as_str()).await? {
         if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
@@ -239,7 +246,9 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
                 // or knock on.
                 let started =
                     access.stays.iter().filter(|r| r.kind == kind).map(|r| r.min_seq).max().unwrap_or(0);
-                if initial || started > since_seq {
+                if (initial || started > since_seq)
+                    && !(kind == "invite" && invited_by_ignored(state, &room_id, me, &ignored).await?)
+                {
                     has_news = true;
                     let events = invite_state(state, &view, &me.user_id).await?;
                     if kind == "invite" {
@@ -281,6 +290,12 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
                 has_news = true;
                 leave.insert(room_id, json!({ "timeline": { "events": [] }, "state": { "events": [] } }));
             }
+            continue;
+        }
+        let inviter = serde_json::from_str::<Value>(&pending.json)
+            .ok()
+            .and_then(|e| e["sender"].as_str().map(str::to_owned));
+        if inviter.is_some_and(|i| ignored.contains(&i)) {
             continue;
         }
         has_news = true;
@@ -353,16 +368,24 @@ async fn timeline(
     hi: i64,
     filter: &SyncFilter,
 ) -> Result<(Vec<Loaded>, bool)> {
-    let limit = filter.timeline_limit.max(1);
+    // A limit of 0 asks for no events: one is read to tell whether any
+    // were left out.
+    let wanted = filter.timeline_limit;
     let page = history::page(
         state,
         view,
         access,
-        PageRequest { from: hi, to: Some(lo), dir: Dir::Backward, limit, filter: &filter.timeline },
+        PageRequest {
+            from: hi,
+            to: Some(lo),
+            dir: Dir::Backward,
+            limit: wanted.max(1),
+            filter: &filter.timeline,
+        },
     )
     .await?;
-    let limited = page.next.is_some();
-    let mut events = page.events;
+    let limited = page.next.is_some() || (wanted == 0 && !page.events.is_empty());
+    let mut events = if wanted == 0 { Vec::new() } else { page.events };
     events.reverse();
     Ok((events, limited))
 }
@@ -506,6 +529,7 @@ async fn joined_room(
     }
 
     let news = !timeline_events.is_empty()
+        || limited
         || !state_events.is_empty()
         || !ephemeral.is_empty()
         || !account_data.is_empty();
@@ -562,6 +586,36 @@ async fn left_room(
     });
     room[state_key] = json!({ "events": state_events });
     Ok(room)
+}
+
+/// The users `me` ignores (`m.ignored_user_list` account data).
+async fn ignored_users(state: &AppState, me: &UserId) -> Result<std::collections::HashSet<String>> {
+    let Some(text) = account_data::get(&state.db, me.as_str(), "", "m.ignored_user_list").await? else {
+        return Ok(Default::default());
+    };
+    let value: Value = serde_json::from_str(&text).unwrap_or_default();
+    Ok(value["ignored_users"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default())
+}
+
+/// Whether `me`'s pending invite into `room_id` comes from a user they
+/// ignore: such an invite is never shown.
+async fn invited_by_ignored(
+    state: &AppState,
+    room_id: &str,
+    me: &Requester,
+    ignored: &std::collections::HashSet<String>,
+) -> Result<bool> {
+    if ignored.is_empty() {
+        return Ok(false);
+    }
+    let Some(invite) = events::state_event(&state.db, room_id, "m.room.member", me.user_id.as_str()).await?
+    else {
+        return Ok(false);
+    };
+    let sender = serde_json::from_str::<Value>(&invite.json)
+        .ok()
+        .and_then(|e| e["sender"].as_str().map(str::to_owned));
+    Ok(sender.is_some_and(|s| ignored.contains(&s)))
 }
 
 /// Stripped state for an invite or a knock: the room's identity, the

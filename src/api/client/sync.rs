@@ -57,7 +57,7 @@ fn sync_filter(def: &FilterDefinition) -> Result<SyncFilter> {
             .map_or(DEFAULT_TIMELINE_LIMIT, |l| {
                 usize::try_from(u64::from(l)).unwrap_or(DEFAULT_TIMELINE_LIMIT)
             })
-            .clamp(1, 500),
+            .min(500),
         timeline: super::messages::event_filter(&room.timeline)?,
         rooms: room.rooms.as_ref().map(|r| r.iter().map(ToString::to_string).collect()),
         not_rooms: room.not_rooms.iter().map(ToString::to_string).collect(),
