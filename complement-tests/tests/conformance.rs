@@ -18,6 +18,7 @@ backend_tests!(
     initial_sync_carries_the_push_rules,
     invites_from_ignored_users_are_not_shown,
     a_left_room_with_a_zero_timeline_limit_has_no_events,
+    v12_creators_are_never_in_the_power_levels,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -175,4 +176,49 @@ async fn a_left_room_with_a_zero_timeline_limit_has_no_events(backend: Backend) 
     let left = &sync["rooms"]["leave"][&room];
     assert!(left.is_object(), "{sync}");
     assert_eq!(left["timeline"]["events"], json!([]), "{left}");
+}
+
+/// v12 (MSC4289): creators have infinite power, so power levels naming one
+/// in `users` are a bad request (400, not the auth rules' 403), at
+/// createRoom and later; additional_creators is validated; nobody sends a
+/// create event.
+async fn v12_creators_are_never_in_the_power_levels(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let create_path = format!("{V3}/createRoom");
+    let create = |body: serde_json::Value| server.post(&create_path, Some(&alice.token), body);
+    let answer = create(json!({ "room_version": "12",
+        "power_level_content_override": { "users": { alice.user_id.clone(): 100 } } }))
+    .await;
+    assert_error(&answer, 400, "M_BAD_JSON", "the creator in power_level_content_override");
+    for bad in [json!("not-an-array"), json!(["@foo:example.com", 42]), json!(["not-a-user-id"])] {
+        let answer =
+            create(json!({ "room_version": "12", "creation_content": { "additional_creators": bad } })).await;
+        assert_eq!(answer.0, 400, "{bad}: {answer:?}");
+    }
+    // Another user in the override is fine.
+    let (status, body) = create(json!({ "room_version": "12", "invite": [bob.user_id],
+        "creation_content": { "additional_creators": ["@carol:example.com"] },
+        "power_level_content_override": { "users": { bob.user_id.clone(): 100 } } }))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let room = body["room_id"].as_str().unwrap().to_owned();
+    let power = room_path(&room, "/state/m.room.power_levels/");
+    for creator in [alice.user_id.as_str(), "@carol:example.com"] {
+        let answer = server.put(&power, Some(&alice.token), json!({ "users": { creator: 100 } })).await;
+        assert_error(&answer, 400, "M_BAD_JSON", "a creator in the power levels");
+    }
+    let (status, body) =
+        server.put(&power, Some(&alice.token), json!({ "users": { bob.user_id.clone(): 50 } })).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = server
+        .put(&room_path(&room, "/state/m.room.create/"), Some(&alice.token), json!({ "room_version": "12" }))
+        .await;
+    assert_error(&answer, 400, "M_BAD_JSON", "a create event sent by a client");
+    // Before v12 the creator is an ordinary user of the power levels.
+    let (status, body) = create(json!({ "room_version": "11",
+        "power_level_content_override": { "users": { alice.user_id.clone(): 100 } } }))
+    .await;
+    assert_eq!(status, 200, "{body}");
 }

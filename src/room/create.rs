@@ -97,6 +97,14 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     }
     let mut additional_creators: Vec<OwnedUserId> = Vec::new();
     if v12 {
+        match create_content.get("additional_creators") {
+            None | Some(CanonicalJsonValue::Array(_)) => {}
+            Some(_) => {
+                return Err(Error::BadJson(
+                    "creation_content.additional_creators must be a list of user ids".into(),
+                ));
+            }
+        }
         if let Some(CanonicalJsonValue::Array(list)) = create_content.get("additional_creators") {
             for v in list {
                 let id = v.as_str().and_then(|s| UserId::parse(s).ok()).ok_or_else(|| {
@@ -257,6 +265,11 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
         "invite": if req.preset == Preset::PublicChat { 50 } else { 0 },
         "historical": 100,
     }))?;
+    if v12 {
+        let mut creators = additional_creators.clone();
+        creators.push(creator.to_owned());
+        refuse_creators_in_users(&req.power_level_override, &creators)?;
+    }
     merge(&mut power, &req.power_level_override);
     writer.append(state, &state_draft("m.room.power_levels", "", power), None).await?;
 
@@ -335,4 +348,18 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
     }
     tracing::info!(%room_id, %creator, version = %req.version, "created room");
     Ok(room_id)
+}
+
+/// In rooms whose creators have infinite power (v12), power levels that
+/// name a creator in `users` are a bad request (400), whoever sends them:
+/// the creators' power is not the power levels' to give.
+pub fn refuse_creators_in_users(power_levels: &CanonicalJsonObject, creators: &[OwnedUserId]) -> Result<()> {
+    if let Some(CanonicalJsonValue::Object(users)) = power_levels.get("users")
+        && let Some(creator) = creators.iter().find(|c| users.contains_key(c.as_str()))
+    {
+        return Err(Error::BadJson(format!(
+            "{creator} is a creator of this room: creators may not be listed in the power levels' users"
+        )));
+    }
+    Ok(())
 }

@@ -178,6 +178,18 @@ async fn send_state(
             crate::room::directory::validate_canonical_alias(&state, &body.room_id, &value).await?;
         }
         "m.room.third_party_invite" => return Err(third_party_invites_unsupported()),
+        "m.room.create" => {
+            return Err(Error::BadJson("A room's create event is made by createRoom, never sent".into()));
+        }
+        "m.room.power_levels" => {
+            let view = read::open(&state, &body.room_id).await?;
+            if view.rules.authorization.explicitly_privilege_room_creators {
+                let power = crate::room::power::current(&state, &view).await?;
+                let creators: Vec<OwnedUserId> =
+                    power.rules.privileged_creators.into_iter().flatten().collect();
+                crate::room::create::refuse_creators_in_users(&content, &creators)?;
+            }
+        }
         // The same checks as /invite, /kick, /ban: one membership path.
         "m.room.member" if body.state_key != me.user_id.as_str() => {
             let target = ruma::UserId::parse(&body.state_key).map_err(|_| {
