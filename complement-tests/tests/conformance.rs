@@ -19,6 +19,7 @@ backend_tests!(
     invites_from_ignored_users_are_not_shown,
     a_left_room_with_a_zero_timeline_limit_has_no_events,
     v12_creators_are_never_in_the_power_levels,
+    device_lists_follow_who_shares_a_room,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -221,4 +222,47 @@ async fn v12_creators_are_never_in_the_power_levels(backend: Backend) {
         "power_level_content_override": { "users": { alice.user_id.clone(): 100 } } }))
     .await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// `device_lists` in `/sync` and `/keys/changes`: a user who comes to share a
+/// room is `changed` (their keys are now the reader's business), one who
+/// shares none any more is `left`; someone who left one of two shared rooms
+/// is neither.
+async fn device_lists_follow_who_shares_a_room(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let carol = server.register("carol", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    let other = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    join(&server, &carol, &room).await;
+    join(&server, &carol, &other).await;
+    let since = sync_once(&server, &alice, None).await["next_batch"].as_str().unwrap().to_owned();
+    let incremental = |since: String| {
+        let (server, alice) = (&server, &alice);
+        async move {
+            let (status, body) =
+                server.get(&format!("{V3}/sync?since={}&timeout=0", enc(&since)), Some(&alice.token)).await;
+            assert_eq!(status, 200, "{body}");
+            body
+        }
+    };
+    join(&server, &bob, &room).await;
+    let (status, _) = server.post(&room_path(&other, "/leave"), Some(&carol.token), json!({})).await;
+    assert_eq!(status, 200);
+    let body = incremental(since.clone()).await;
+    assert_eq!(body["device_lists"]["changed"], json!([bob.user_id]), "{body}");
+    assert_eq!(body["device_lists"]["left"], json!([]), "carol still shares a room: {body}");
+    let next = body["next_batch"].as_str().unwrap().to_owned();
+
+    let (status, _) = server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    let body = incremental(next.clone()).await;
+    assert_eq!(body["device_lists"]["left"], json!([bob.user_id]), "{body}");
+    let end = body["next_batch"].as_str().unwrap().to_owned();
+    let (status, keys) = server
+        .get(&format!("{V3}/keys/changes?from={}&to={}", enc(&since), enc(&end)), Some(&alice.token))
+        .await;
+    assert_eq!(status, 200, "{keys}");
+    assert_eq!(keys["left"], json!([bob.user_id]), "{keys}");
 }

@@ -577,6 +577,38 @@ pub async fn joined_members(db: &Db, room_id: &str) -> Result<Vec<String>> {
 
 /// `user` and everyone joined to a room with them now, in one query.
 pub async fn room_peers(db: &Db, user: &str) -> Result<Vec<String>> {
+    room_peers_inner(db, user).await
+}
+
+/// For `/sync`'s device lists: the users (not `user`) whose membership
+/// changed in `(after, upto]` in a room `user` is joined to now, each with
+/// whether they are joined to that room now; and when `user`'s own join
+/// falls in that window, every member joined to that room now.
+pub async fn member_movers(db: &Db, user: &str, after: i64, upto: i64) -> Result<Vec<(String, bool)>> {
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT DISTINCT e.state_key, cur.membership FROM room_state mine \
+           JOIN events e ON e.room_id = mine.room_id AND e.stream > $2 AND e.stream <= $3 \
+           LEFT JOIN room_state cur ON cur.room_id = e.room_id AND cur.event_type = 'm.room.member' \
+             AND cur.state_key = e.state_key \
+          WHERE mine.event_type = 'm.room.member' AND mine.state_key = $1 AND mine.membership = 'join' \
+            AND e.event_type = 'm.room.member' AND e.state_key <> $1 \
+         UNION \
+         SELECT DISTINCT b.state_key, b.membership FROM room_state mine \
+           JOIN events e ON e.room_id = mine.room_id AND e.stream > $2 AND e.stream <= $3 \
+           JOIN room_state b ON b.room_id = mine.room_id AND b.event_type = 'm.room.member' \
+             AND b.membership = 'join' AND b.state_key <> $1 \
+          WHERE mine.event_type = 'm.room.member' AND mine.state_key = $1 AND mine.membership = 'join' \
+            AND e.event_type = 'm.room.member' AND e.state_key = $1",
+    )
+    .bind(user)
+    .bind(after)
+    .bind(upto)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().map(|(u, m)| (u, m.as_deref() == Some("join"))).collect())
+}
+
+async fn room_peers_inner(db: &Db, user: &str) -> Result<Vec<String>> {
     let sql = db.joined_column(
         "SELECT DISTINCT b.state_key AS v FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
          WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \

@@ -173,6 +173,36 @@ pub async fn device_list_changes(
     Ok(out)
 }
 
+/// `device_lists` of an incremental sync: `changed` holds the users whose
+/// devices or keys changed and who share a room with `me`, and those who
+/// newly share one (they joined a room of `me`'s, or `me` joined theirs);
+/// `left` those who shared a room and share none any more.
+pub async fn device_list_movement(
+    state: &AppState,
+    me: &UserId,
+    after: i64,
+    upto: i64,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let mut changed = device_list_changes(state, me, after, upto).await?;
+    let movers = events::member_movers(&state.db, me.as_str(), after, upto).await?;
+    if movers.is_empty() {
+        return Ok((changed, Vec::new()));
+    }
+    let peers: std::collections::HashSet<String> = room_peers(state, me).await?.into_iter().collect();
+    let mut left = Vec::new();
+    for (user, joined) in movers {
+        let shares = peers.contains(&user);
+        if joined && shares && !changed.contains(&user) {
+            changed.push(user);
+        } else if !shares && !left.contains(&user) {
+            left.push(user);
+        }
+    }
+    changed.sort();
+    left.sort();
+    Ok((changed, left))
+}
+
 /// The highest seq of `room_id` whose stream position is at or below `stream`.
 async fn seq_at(state: &AppState, room_id: &str, stream: i64) -> Result<i64> {
     events::seq_at_stream(&state.db, room_id, stream).await
@@ -326,12 +356,12 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
             json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
         })
         .collect();
-    let changed = if initial {
-        Vec::new()
+    let (changed, left) = if initial {
+        (Vec::new(), Vec::new())
     } else {
-        device_list_changes(state, &me.user_id, since.stream, now.stream).await?
+        device_list_movement(state, &me.user_id, since.stream, now.stream).await?
     };
-    has_news |= !to_device.is_empty() || !changed.is_empty();
+    has_news |= !to_device.is_empty() || !changed.is_empty() || !left.is_empty();
     let otk = crate::account::e2ee::otk_counts(state, me.user_id.as_str(), me.device_id.as_str()).await?;
     let fallback =
         keys::unused_fallback_algorithms(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
@@ -351,7 +381,7 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         "account_data": { "events": global_data },
         "presence": { "events": presence },
         "to_device": { "events": to_device },
-        "device_lists": { "changed": changed, "left": [] },
+        "device_lists": { "changed": changed, "left": left },
         "device_one_time_keys_count": otk,
         "device_unused_fallback_key_types": fallback,
     });

@@ -134,8 +134,8 @@ async fn changes(state: AppState, req: Ruma<get_key_changes::v3::Request>) -> Re
     let me = req.requester()?;
     let parse = |t: &str| crate::sync::Token::parse(t).map(|t| t.stream);
     let (from, to) = (parse(&req.body.from)?, parse(&req.body.to)?);
-    let changed = crate::sync::device_list_changes(&state, &me.user_id, from, to).await?;
-    Ok(json!({ "changed": changed, "left": [] }))
+    let (changed, left) = crate::sync::device_list_movement(&state, &me.user_id, from, to).await?;
+    Ok(json!({ "changed": changed, "left": left }))
 }
 
 async fn upload_signing(state: AppState, req: Ruma<upload_signing_keys::v3::Request>) -> Result<Value> {
