@@ -20,6 +20,7 @@ backend_tests!(
     a_left_room_with_a_zero_timeline_limit_has_no_events,
     v12_creators_are_never_in_the_power_levels,
     device_lists_follow_who_shares_a_room,
+    a_filtered_messages_page_that_found_events_has_an_end,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -265,4 +266,37 @@ async fn device_lists_follow_who_shares_a_room(backend: Backend) {
         .await;
     assert_eq!(status, 200, "{keys}");
     assert_eq!(keys["left"], json!([bob.user_id]), "{keys}");
+}
+
+/// `/messages` with a filter: a page that found events carries `end` (as
+/// other servers answer; Complement's TestRoomImageRoundtrip reads it), and
+/// the page after it, with nothing more, carries none.
+async fn a_filtered_messages_page_that_found_events_has_an_end(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let room = create_room(&server, &alice, json!({})).await;
+    let image = json!({ "msgtype": "m.image", "body": "cat.png", "url": "mxc://test.local/cat" });
+    let (status, sent) =
+        server.put(&room_path(&room, "/send/m.room.message/i1"), Some(&alice.token), image).await;
+    assert_eq!(status, 200);
+    let (status, _) =
+        server.put(&room_path(&room, "/send/m.room.message/t1"), Some(&alice.token), text("words")).await;
+    assert_eq!(status, 200);
+    let filter = enc(r#"{"contains_url":true}"#);
+    let (status, page) =
+        server.get(&room_path(&room, &format!("/messages?dir=b&filter={filter}")), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{page}");
+    let ids: Vec<&str> =
+        page["chunk"].as_array().unwrap().iter().map(|e| e["event_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [sent["event_id"].as_str().unwrap()]);
+    let end = page["end"].as_str().unwrap_or_else(|| panic!("no end: {page}"));
+    let (status, next) = server
+        .get(
+            &room_path(&room, &format!("/messages?dir=b&filter={filter}&from={}", enc(end))),
+            Some(&alice.token),
+        )
+        .await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["chunk"], json!([]));
+    assert!(next.get("end").is_none(), "{next}");
 }

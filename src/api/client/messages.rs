@@ -147,7 +147,14 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
         "start": history::token(from),
         "chunk": format_all(&view, &page.events, me, &access),
     });
-    if let Some(next) = page.next {
+    // A filtered page that found something also ends with a token, as
+    // other servers answer and clients expect (the next page, empty, has
+    // none); unfiltered pages carry one only when more events follow.
+    let filtered_end = (!filter.is_empty())
+        .then(|| page.events.last())
+        .flatten()
+        .map(|last| if dir == Dir::Backward { last.stored.seq - 1 } else { last.stored.seq });
+    if let Some(next) = page.next.or(filtered_end) {
         body["end"] = json!(history::token(next));
     }
     if lazy_members(&b.filter) {
