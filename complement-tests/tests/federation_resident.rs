@@ -802,4 +802,10 @@ async fn v2_event_ids_must_be_signed_by_the_server_they_name(backend: Backend) {
     let response = acting.call("GET", &make_join(&old, "1"), None).await;
     assert_error(&response, 400, "M_INCOMPATIBLE_ROOM_VERSION", "a version 1 room");
     assert_eq!(response.1["room_version"], "1");
+    // Nor does one of our users invite another server's user into one.
+    let invite = json!({ "user_id": bob });
+    let response = a.server.post(&room_path(&old, "/invite"), Some(&alice.token), invite).await;
+    assert_error(&response, 400, "M_UNSUPPORTED_ROOM_VERSION", "a remote invite into a version 1 room");
+    let member = room_path(&old, &format!("/state/m.room.member/{}", enc(&bob)));
+    assert_eq!(a.server.get(&member, Some(&alice.token)).await.0, 404);
 }
