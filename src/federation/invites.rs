@@ -115,9 +115,9 @@ fn raw(json: String) -> Result<Box<RawJsonValue>> {
 const MAX_STRIPPED: usize = 50;
 
 /// Another server invites one of our users (`/v2/invite`): the invite is
-/// checked (the room versions we federate only; a PDU of that version signed by the
-/// inviter's server; the inviter's own server is asking; an invite of a user
-/// of ours who exists), countersigned, kept with the room's stripped state
+/// checked (the room versions we federate only; a PDU of that version
+/// signed by the inviter's server; the inviter's own server is asking; an
+/// invite of a user of ours who exists), countersigned, kept with the room's stripped state
 /// for the invitee's /sync, and returned. An invite into a room we are in
 /// is only countersigned: it reaches the room through the inviter's server.
 pub async fn receive_invite(
@@ -242,13 +242,7 @@ async fn leave_via(state: &AppState, user: &UserId, room_id: &RoomId, via: &str)
     )
     .await
     .map_err(|e| super::joining::remote_error(server, e))?;
-    let version = template.room_version.unwrap_or(ruma::RoomVersionId::V1);
-    if !version::federates(&version) {
-        return Err(Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here")));
-    }
-    let rules = version.rules().ok_or_else(|| {
-        Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
-    })?;
+    let (_, rules) = version::federated_rules(template.room_version.as_ref())?;
     let (event_id, leave) =
         super::joining::sign_template(state, &rules, room_id, user, &template.event, "leave").await?;
     let raw = raw(serde_json::to_string(&leave).map_err(|e| Error::Internal(e.to_string()))?)?;

@@ -1,10 +1,11 @@
 //! Joining a room that lives on other servers: make_join to each candidate
-//! server in turn (`ver` = the versions we take part in, `version::FEDERATED`), our join built from
-//! the template and signed, send_join (v2), and every event of the answer
-//! checked before anything is stored: format, signatures of every server
-//! that must have signed, content hash, the auth chain authorised in depth
-//! order against its own auth events, the state likewise, the join against
-//! that state. Then the room is stored with the answer's events as outliers
+//! server in turn (`ver` = the versions we take part in,
+//! `version::FEDERATED`), our join built from the template and signed (in
+//! versions 1 and 2 under an event id of ours), send_join (v2), and every
+//! event of the answer checked before anything is stored: format,
+//! signatures of every server that must have signed, content hash, the auth
+//! chain authorised in depth order against its own auth events, the state
+//! likewise, the join against that state. Then the room is stored with the answer's events as outliers
 //! and the join as the first position on our line, carrying the whole state
 //! (`room::remote::store_joined_room`).
 
@@ -94,13 +95,7 @@ async fn join_via(
     let mut request = prepare_join_event::v1::Request::new(room_id.to_owned(), user.to_owned());
     request.ver = version::FEDERATED.to_vec();
     let template = super::send(state, server, request).await.map_err(|e| remote_error(server, e))?;
-    let version = template.room_version.unwrap_or(RoomVersionId::V1);
-    if !version::federates(&version) {
-        return Err(Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here")));
-    }
-    let rules = version.rules().ok_or_else(|| {
-        Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
-    })?;
+    let (version, rules) = version::federated_rules(template.room_version.as_ref())?;
     let (event_id, join) = sign_template(state, &rules, room_id, user, &template.event, "join").await?;
     let raw = RawJsonValue::from_string(
         serde_json::to_string(&join).map_err(|e| Error::Internal(format!("join json: {e}")))?,

@@ -57,6 +57,17 @@ pub fn check_federates(version: &RoomVersionId) -> Result<()> {
     }
 }
 
+/// The rules of the version another server says its room is in (make_join,
+/// make_leave; `None`: the spec's default, version 1), if this server takes
+/// part in it: else 400 M_UNSUPPORTED_ROOM_VERSION for our user.
+pub fn federated_rules(version: Option<&RoomVersionId>) -> Result<(RoomVersionId, RoomVersionRules)> {
+    let version = version.cloned().unwrap_or(RoomVersionId::V1);
+    let rules = version.rules().filter(|_| federates(&version)).ok_or_else(|| {
+        Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
+    })?;
+    Ok((version, rules))
+}
+
 /// Whether the version's event ids are carried in the PDU (versions 1, 2).
 pub fn carries_event_id(rules: &RoomVersionRules) -> bool {
     rules.event_id_format == EventIdFormatVersion::V1
@@ -201,6 +212,10 @@ mod tests {
         assert_eq!(federated, ["2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12"]);
         assert!(!federates(&RoomVersionId::V1) && check_federates(&RoomVersionId::V1).is_err());
         assert!(creatable(&RoomVersionId::V1) && creatable(&DEFAULT));
+        assert!(matches!(federated_rules(None), Err(Error::UnsupportedRoomVersion(_))));
+        assert!(matches!(federated_rules(Some(&RoomVersionId::V1)), Err(Error::UnsupportedRoomVersion(_))));
+        let (version, rules) = federated_rules(Some(&RoomVersionId::V2)).unwrap();
+        assert!(version == RoomVersionId::V2 && references_are_pairs(&rules));
     }
 
     #[test]
