@@ -79,7 +79,10 @@ pub fn redact(pdu: &Value) -> Value {
 }
 
 /// Hashes and signs `pdu` as `origin` with `key` (id `key_id`); answers its
-/// event id.
+/// event id (room version 4 on). In versions 1 and 2 the id is the PDU's
+/// `event_id`, set before signing (the redaction keeps it: it is signed);
+/// the redaction here matches theirs for the events those tests sign
+/// (messages, joins).
 pub fn sign(pdu: &mut Value, origin: &str, key_id: &str, key: &SigningKey) -> String {
     let bare = without(pdu, &["signatures", "unsigned", "hashes"]);
     let content_hash = Sha256::digest(canonical(&bare).as_bytes());

@@ -12,13 +12,25 @@ use serde_json::json;
 
 backend_tests!(
     synapse_invites_a_seqline_user_who_rejects,
+    synapse_invites_a_seqline_user_who_rejects_v2,
     seqline_user_joins_a_synapse_room_v12,
     seqline_user_joins_a_synapse_room_v10,
+    seqline_user_joins_a_synapse_room_v2,
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
 );
 
 async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
+    invited_and_rejects(backend, None).await;
+}
+
+/// Version 2: Synapse's invite carries its own event id; seqline's leave
+/// (make_leave / send_leave) one seqline made.
+async fn synapse_invites_a_seqline_user_who_rejects_v2(backend: Backend) {
+    invited_and_rejects(backend, Some("2")).await;
+}
+
+async fn invited_and_rejects(backend: Backend, version: Option<&str>) {
     let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
     let alice = seq.server.register("alice", "pw").await;
     let alice_id = seq.user_id("alice");
@@ -39,7 +51,7 @@ async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
             &format!("{V3}/createRoom"),
             Some(&bob_token),
             json!({
-                "preset": "private_chat", "name": "Bob's room"
+                "preset": "private_chat", "name": "Bob's room", "room_version": version.unwrap_or("12")
             }),
         )
         .await;
@@ -75,16 +87,22 @@ async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
     // Alice turns it down: Synapse sees her leave, her sync shows the room left.
     let (status, body) = seq.server.post(&room_path(&room, "/leave"), Some(&alice.token), json!({})).await;
     assert_eq!(status, 200, "{body}\n{}", seq.server.log());
-    eventually("the rejection on Synapse", || async {
+    let leave = eventually("the rejection on Synapse", || async {
         let (_, members) = syn.get(&room_path(&room, "/members"), Some(&bob_token)).await;
         members["chunk"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|e| e["state_key"] == alice_id.as_str() && e["content"]["membership"] == "leave")
-            .then_some(())
+            .find(|e| e["state_key"] == alice_id.as_str() && e["content"]["membership"] == "leave")
+            .cloned()
     })
     .await;
+    let leave_id = leave["event_id"].as_str().unwrap_or_default();
+    if version == Some("2") {
+        assert!(leave_id.ends_with(&format!(":{}", seq.name)), "{leave}");
+    } else {
+        assert!(!leave_id.contains(':'), "{leave}");
+    }
     let after = sync_once(&seq.server, &alice, Some(&since)).await;
     assert!(after["rooms"]["leave"].get(&room).is_some(), "{after}");
     assert!(after["rooms"]["invite"].get(&room).is_none(), "{after}");
@@ -99,6 +117,13 @@ async fn seqline_user_joins_a_synapse_room_v12(backend: Backend) {
 
 async fn seqline_user_joins_a_synapse_room_v10(backend: Backend) {
     joins_a_synapse_room(backend, "10").await;
+}
+
+/// Version 2: event ids are `$<opaque>:<server>`, made by each event's
+/// server (Synapse's for bob's, seqline's for alice's join and message), and
+/// prev/auth events are `[id, hashes]` pairs. Version 1 rooms stay refused.
+async fn seqline_user_joins_a_synapse_room_v2(backend: Backend) {
+    joins_a_synapse_room(backend, "2").await;
 }
 
 async fn joins_a_synapse_room(backend: Backend, version: &str) {
@@ -130,6 +155,7 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
     let (status, body) = seq.server.post(&path, Some(&alice.token), json!({})).await;
     assert_eq!(status, 200, "{body}\n{}\n{}", seq.server.log(), syn.log_tail());
     assert_eq!(body["room_id"], room.as_str());
+    let ids_name_servers = matches!(version, "1" | "2");
 
     // Both servers agree on who is in.
     let (status, members) = seq.server.get(&room_path(&room, "/joined_members"), Some(&alice.token)).await;
@@ -174,6 +200,12 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
         .await;
     assert_eq!(status, 200, "{sent}");
     let alice_event = sent["event_id"].as_str().unwrap().to_owned();
+    if ids_name_servers {
+        assert!(alice_event.ends_with(&format!(":{}", seq.name)), "{alice_event}");
+        assert!(bob_event.ends_with(&format!(":{}", syn.name)), "{bob_event}");
+    } else {
+        assert!(!alice_event.contains(':') && !bob_event.contains(':'), "{alice_event} {bob_event}");
+    }
     let page = eventually("alice's answer on Synapse", || async {
         let (status, page) = syn.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&bob.token)).await;
         (status == 200
@@ -197,6 +229,25 @@ async fn joins_a_synapse_room(backend: Backend, version: &str) {
         (members["joined"].as_object().is_some_and(|m| !m.contains_key(&alice_id))).then_some(())
     })
     .await;
+
+    if ids_name_servers {
+        // Version 1 is not taken part in over federation (no state
+        // resolution v1): Synapse's room is refused, nothing is stored.
+        let (status, created) = syn
+            .post(
+                &format!("{V3}/createRoom"),
+                Some(&bob.token),
+                json!({ "preset": "public_chat", "room_version": "1" }),
+            )
+            .await;
+        assert_eq!(status, 200, "{created}");
+        let old = created["room_id"].as_str().unwrap().to_owned();
+        let path = format!("{V3}/join/{}?server_name={}", enc(&old), enc(&syn.name));
+        let response = seq.server.post(&path, Some(&alice.token), json!({})).await;
+        complement_tests::api::assert_error(&response, 400, "M_UNSUPPORTED_ROOM_VERSION", "a v1 room");
+        let (status, _) = seq.server.get(&room_path(&old, "/joined_members"), Some(&alice.token)).await;
+        assert_eq!(status, 403);
+    }
 }
 
 /// The bodies a user of `server` reads in `room` (one page back).

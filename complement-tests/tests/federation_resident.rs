@@ -3,7 +3,7 @@
 //! queue one way, Synapse's /send transactions the other), history from
 //! before the join stays hidden from the joiner under `joined` (Synapse gets
 //! only redacted copies), and the leave reaches seqline. Room versions 12
-//! (seqline's default) and 10.
+//! (seqline's default), 10 and 2 (event ids carried in the PDU).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
@@ -20,12 +20,14 @@ use serde_json::{Value, json};
 backend_tests!(
     synapse_user_joins_talks_and_leaves_v12,
     synapse_user_joins_talks_and_leaves_v10,
+    synapse_user_joins_talks_and_leaves_v2,
     remote_joins_and_events_are_checked,
     synapse_user_is_invited_joins_and_is_kicked,
     public_rooms_are_read_across_servers,
     remote_invites_and_joins_are_checked,
     a_partial_join_completes,
     server_acls_are_enforced,
+    v2_event_ids_must_be_signed_by_the_server_they_name,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -34,6 +36,12 @@ async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
 
 async fn synapse_user_joins_talks_and_leaves_v10(backend: Backend) {
     joins_talks_and_leaves(backend, "10").await;
+}
+
+/// Version 2: each server makes the ids of its own events
+/// (`$<opaque>:<server>`), prev/auth events are `[id, hashes]` pairs.
+async fn synapse_user_joins_talks_and_leaves_v2(backend: Backend) {
+    joins_talks_and_leaves(backend, "2").await;
 }
 
 async fn seqline_messages(seq: &FedServer, user: &User, room: &str) -> Value {
@@ -120,6 +128,12 @@ async fn joins_talks_and_leaves(backend: Backend, version: &str) {
         .await;
     assert_eq!(status, 200, "{sent}");
     let alice_event = event_id_of(&sent);
+    if matches!(version, "1" | "2") {
+        assert!(alice_event.ends_with(&format!(":{}", seq.name)), "{alice_event}");
+        assert!(bob_event.ends_with(&format!(":{}", syn.name)), "{bob_event}");
+    } else {
+        assert!(!alice_event.contains(':') && !bob_event.contains(':'), "{alice_event} {bob_event}");
+    }
     let page = eventually("alice's answer on Synapse", || async {
         let page = synapse_messages(&syn, &bob.token, &room).await;
         page["chunk"]
@@ -702,4 +716,124 @@ async fn server_acls_are_enforced(backend: Backend) {
     assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "/event denied by the ACL");
     let page = seqline_messages(&a, &alice, &room).await;
     assert!(!page.to_string().contains("denied\""), "{page}");
+}
+
+/// Room version 2 as another server (B) acting by hand: the make_join
+/// template lists `[id, hashes]` pairs; B makes the ids of its own events
+/// (`$<opaque>:<B>`). The spec (server-server API, validating signatures:
+/// versions 1 and 2) wants an event signed by the server its event id names
+/// as well as by its sender's: an id naming A, or a third server, on an event
+/// only B signed is refused (send_join and /send alike), and so are ids and
+/// references of another version's form. Version 1 rooms are not joined.
+async fn v2_event_ids_must_be_signed_by_the_server_they_name(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "2" })).await;
+    let make_join = |room: &str, ver: &str| {
+        format!("/_matrix/federation/v1/make_join/{}/{}?ver={ver}", enc(room), enc(&bob))
+    };
+    let (status, template) = acting.call("GET", &make_join(&room, "2"), None).await;
+    assert_eq!(status, 200, "{template}");
+    assert_eq!(template["room_version"], "2");
+    let mut join = template["event"].clone();
+    assert!(join.get("event_id").is_none(), "the joiner makes the id: {join}");
+    for field in ["prev_events", "auth_events"] {
+        for entry in join[field].as_array().unwrap() {
+            let id = entry[0].as_str().unwrap_or_else(|| panic!("{field}: {join}"));
+            assert!(id.ends_with(&format!(":{}", a.name)), "{id}");
+            assert!(entry[1]["sha256"].is_string(), "{join}");
+        }
+    }
+    let send_join = |id: &str| format!("/_matrix/federation/v2/send_join/{}/{}", enc(&room), enc(id));
+    // B signs a join whose id names A: A never signed it.
+    let mut forged = join.clone();
+    forged["event_id"] = json!(format!("$forged:{}", a.name));
+    acting.sign(&mut forged);
+    assert_error(
+        &acting.call("PUT", &send_join(&format!("$forged:{}", a.name)), Some(&forged)).await,
+        400,
+        "M_INVALID_SIGNATURE",
+        "an event id naming the resident",
+    );
+    let join_id = format!("$join1:{}", b.name);
+    join["event_id"] = json!(join_id);
+    acting.sign(&mut join);
+    let (status, answer) = acting.call("PUT", &send_join(&join_id), Some(&join)).await;
+    assert_eq!(status, 200, "{answer}\n{}", a.server.log());
+    assert_eq!(answer["event"]["event_id"], join_id.as_str());
+    let state_event = |kind: &str| {
+        answer["state"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["type"] == kind)
+            .and_then(|e| e["event_id"].as_str())
+            .unwrap_or_else(|| panic!("no {kind} in {answer}"))
+            .to_owned()
+    };
+    let (create_id, power_id) = (state_event("m.room.create"), state_event("m.room.power_levels"));
+    assert!(create_id.ends_with(&format!(":{}", a.name)), "{create_id}");
+
+    let depth = join["depth"].as_i64().unwrap();
+    let pair = |id: &str| json!([id, {}]);
+    let message = |event_id: &str, body: &str| {
+        json!({
+            "event_id": event_id, "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": body },
+            "prev_events": [pair(&join_id)],
+            "auth_events": [pair(&create_id), pair(&power_id), pair(&join_id)],
+            "depth": depth + 1, "origin_server_ts": now_ms(),
+        })
+    };
+    let third = format!("127.0.0.1:{}", complement_tests::federation::free_port());
+    let mut cases = Vec::new();
+    for (id, body) in [
+        (format!("$m1:{}", a.name), "names the resident"),
+        (format!("$m2:{third}"), "names a third server"),
+        ("$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".to_owned(), "a v3+ id"),
+    ] {
+        let mut pdu = message(&id, body);
+        acting.sign(&mut pdu);
+        cases.push((id, pdu));
+    }
+    let mut plain_refs = message(&format!("$m3:{}", b.name), "plain references");
+    plain_refs["prev_events"] = json!([join_id]);
+    acting.sign(&mut plain_refs);
+    cases.push((format!("$m3:{}", b.name), plain_refs));
+    let good_id = format!("$m4:{}", b.name);
+    let mut good = message(&good_id, "hello in v2");
+    acting.sign(&mut good);
+    let pdus: Vec<&Value> = cases.iter().map(|(_, p)| p).chain([&good]).collect();
+    let (status, results) = acting.send_txn("v2", &pdus).await;
+    assert_eq!(status, 200, "{results}");
+    for (id, _) in &cases {
+        if id.contains(':') {
+            assert!(results["pdus"][id]["error"].is_string(), "{id}: {results}");
+        }
+    }
+    assert_eq!(results["pdus"][&good_id], json!({}), "{results}");
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(message_bodies(&page), ["hello in v2"], "{page}");
+    for (id, _) in &cases {
+        let (status, _) =
+            a.server.get(&room_path(&room, &format!("/event/{}", enc(id))), Some(&alice.token)).await;
+        assert_eq!(status, 404, "{id} was not stored");
+    }
+    let (status, served) =
+        a.server.get(&room_path(&room, &format!("/event/{}", enc(&good_id))), Some(&alice.token)).await;
+    assert_eq!((status, &served["content"]["body"]), (200, &json!("hello in v2")), "{served}");
+
+    // Version 1: refused whatever the joiner names.
+    let old = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "1" })).await;
+    let response = acting.call("GET", &make_join(&old, "1"), None).await;
+    assert_error(&response, 400, "M_INCOMPATIBLE_ROOM_VERSION", "a version 1 room");
+    assert_eq!(response.1["room_version"], "1");
+    // Nor does one of our users invite another server's user into one.
+    let invite = json!({ "user_id": bob });
+    let response = a.server.post(&room_path(&old, "/invite"), Some(&alice.token), invite).await;
+    assert_error(&response, 400, "M_UNSUPPORTED_ROOM_VERSION", "a remote invite into a version 1 room");
+    let member = room_path(&old, &format!("/state/m.room.member/{}", enc(&bob)));
+    assert_eq!(a.server.get(&member, Some(&alice.token)).await.0, 404);
 }

@@ -9,13 +9,14 @@
 use std::collections::BTreeMap;
 
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
-use ruma::room_version_rules::{EventIdFormatVersion, RoomVersionRules};
+use ruma::room_version_rules::RoomVersionRules;
 use ruma::signatures::{PublicKeyMap, Verified};
 use ruma::{EventId, OwnedEventId, OwnedRoomId, RoomId, ServerName};
 use serde_json::value::RawValue as RawJsonValue;
 
 use crate::error::{Error, Result};
 use crate::room::pdu::{MAX_PDU_BYTES, Pdu};
+use crate::room::version;
 use crate::state::AppState;
 use crate::storage::{self, federation as store, rooms};
 
@@ -38,7 +39,8 @@ pub async fn check_pdu(state: &AppState, rules: &RoomVersionRules, raw: &RawJson
     object.remove("unsigned");
     ruma::state_res::check_pdu_format(&object, &rules.event_format)
         .map_err(|e| Error::BadJson(format!("The event is not a valid PDU: {e}")))?;
-    let event_id = event_id(&object, rules)?;
+    version::check_references(&object, rules)?;
+    let event_id = version::event_id(&object, rules)?;
     let keys = signing_keys(state, &object, rules).await?;
     let object = match ruma::signatures::verify_event(&keys, &object, rules) {
         Ok(Verified::All) => object,
@@ -81,18 +83,6 @@ pub fn countersign(state: &AppState, rules: &RoomVersionRules, pdu: Pdu) -> Resu
     };
     signatures.insert(state.settings.server_name.to_string(), signature);
     Pdu::from_checked(pdu.event_id.clone(), &object)
-}
-
-/// The event id of a PDU in its room's version: the `event_id` field in
-/// versions 1 and 2, the reference hash after.
-pub fn event_id(object: &CanonicalJsonObject, rules: &RoomVersionRules) -> Result<OwnedEventId> {
-    if rules.event_id_format == EventIdFormatVersion::V1 {
-        let id = object.get("event_id").and_then(|v| v.as_str()).unwrap_or_default();
-        return EventId::parse(id).map_err(|e| Error::BadJson(format!("Invalid event_id: {e}")));
-    }
-    let hash = ruma::signatures::reference_hash(object, rules)
-        .map_err(|e| Error::BadJson(format!("Cannot compute the event id: {e}")))?;
-    EventId::parse(format!("${hash}")).map_err(|e| Error::Internal(format!("event id: {e}")))
 }
 
 /// The keys of every server whose signature the event needs.
@@ -144,7 +134,10 @@ async fn receive_pdu(
         Err(e) => return (None, Err(e)),
     };
     let rules = match crate::room::rules_for(&room.room_version) {
-        Ok((_, rules)) => rules,
+        Ok((id, rules)) => match version::check_federates(&id) {
+            Ok(()) => rules,
+            Err(e) => return (None, Err(e)),
+        },
         Err(e) => return (None, Err(e)),
     };
     let pdu = match check_pdu(state, &rules, raw).await {
@@ -153,7 +146,7 @@ async fn receive_pdu(
             // The id, where it can be told, so the sender learns which event failed.
             let id = serde_json::from_str::<CanonicalJsonObject>(raw.get()).ok().and_then(|mut o| {
                 o.remove("unsigned");
-                event_id(&o, &rules).ok()
+                version::event_id(&o, &rules).ok()
             });
             return (id, Err(e));
         }

@@ -13,6 +13,7 @@ use serde_json::value::RawValue as RawJsonValue;
 use crate::error::{Error, Result};
 use crate::room::pdu::{Draft, Pdu};
 use crate::room::timeline::{self, Appended, RoomWriter};
+use crate::room::version;
 use crate::state::AppState;
 use crate::storage::events;
 
@@ -25,6 +26,12 @@ pub async fn invite_remote(state: &AppState, room_id: &RoomId, draft: &Draft) ->
         .ok_or_else(|| Error::InvalidParam("The invite names no user".into()))?;
     let (pdu, version, rules) = {
         let mut writer = RoomWriter::open(state, room_id).await?;
+        if !version::federates(&writer.version) {
+            return Err(Error::UnsupportedRoomVersion(format!(
+                "Rooms of version {} do not federate on this server: {target} cannot be invited",
+                writer.version
+            )));
+        }
         let pdu = writer.template(state, draft).await?;
         (pdu, writer.version.clone(), writer.rules.clone())
     };
@@ -108,9 +115,9 @@ fn raw(json: String) -> Result<Box<RawJsonValue>> {
 const MAX_STRIPPED: usize = 50;
 
 /// Another server invites one of our users (`/v2/invite`): the invite is
-/// checked (our room versions only; a PDU of that version signed by the
-/// inviter's server; the inviter's own server is asking; an invite of a user
-/// of ours who exists), countersigned, kept with the room's stripped state
+/// checked (the room versions we federate only; a PDU of that version
+/// signed by the inviter's server; the inviter's own server is asking; an
+/// invite of a user of ours who exists), countersigned, kept with the room's stripped state
 /// for the invitee's /sync, and returned. An invite into a room we are in
 /// is only countersigned: it reaches the room through the inviter's server.
 pub async fn receive_invite(
@@ -122,9 +129,7 @@ pub async fn receive_invite(
     event: &RawJsonValue,
     stripped: &[RawStrippedState],
 ) -> Result<Box<RawJsonValue>> {
-    if !super::joining::JOINABLE_VERSIONS.contains(version) {
-        return Err(Error::IncompatibleRoomVersion { room_version: version.to_string() });
-    }
+    version::check_federates(version)?;
     let rules = version
         .rules()
         .ok_or_else(|| Error::IncompatibleRoomVersion { room_version: version.to_string() })?;
@@ -237,10 +242,7 @@ async fn leave_via(state: &AppState, user: &UserId, room_id: &RoomId, via: &str)
     )
     .await
     .map_err(|e| super::joining::remote_error(server, e))?;
-    let version = template.room_version.unwrap_or(ruma::RoomVersionId::V1);
-    let rules = version.rules().ok_or_else(|| {
-        Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
-    })?;
+    let (_, rules) = version::federated_rules(template.room_version.as_ref())?;
     let (event_id, leave) =
         super::joining::sign_template(state, &rules, room_id, user, &template.event, "leave").await?;
     let raw = raw(serde_json::to_string(&leave).map_err(|e| Error::Internal(e.to_string()))?)?;

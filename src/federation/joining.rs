@@ -1,10 +1,11 @@
 //! Joining a room that lives on other servers: make_join to each candidate
-//! server in turn (`ver` = the versions we take part in), our join built from
-//! the template and signed, send_join (v2), and every event of the answer
-//! checked before anything is stored: format, signatures of every server
-//! that must have signed, content hash, the auth chain authorised in depth
-//! order against its own auth events, the state likewise, the join against
-//! that state. Then the room is stored with the answer's events as outliers
+//! server in turn (`ver` = the versions we take part in,
+//! `version::FEDERATED`), our join built from the template and signed (in
+//! versions 1 and 2 under an event id of ours), send_join (v2), and every
+//! event of the answer checked before anything is stored: format,
+//! signatures of every server that must have signed, content hash, the auth
+//! chain authorised in depth order against its own auth events, the state
+//! likewise, the join against that state. Then the room is stored with the answer's events as outliers
 //! and the join as the first position on our line, carrying the whole state
 //! (`room::remote::store_joined_room`).
 
@@ -20,22 +21,8 @@ use serde_json::value::RawValue as RawJsonValue;
 use super::FederationError;
 use crate::error::{Error, Result};
 use crate::room::pdu::{MAX_PDU_BYTES, Pdu};
+use crate::room::version;
 use crate::state::AppState;
-
-/// The room versions we join (1 and 2 need event ids of their own format,
-/// which this server does not make yet; 1 also needs state resolution v1).
-pub const JOINABLE_VERSIONS: [RoomVersionId; 10] = [
-    RoomVersionId::V3,
-    RoomVersionId::V4,
-    RoomVersionId::V5,
-    RoomVersionId::V6,
-    RoomVersionId::V7,
-    RoomVersionId::V8,
-    RoomVersionId::V9,
-    RoomVersionId::V10,
-    RoomVersionId::V11,
-    RoomVersionId::V12,
-];
 
 /// The largest send_join answer read (a big room's state and auth chain).
 const MAX_SEND_JOIN_BYTES: usize = 256 * 1024 * 1024;
@@ -106,15 +93,9 @@ async fn join_via(
     server: &OwnedServerName,
 ) -> Result<JoinedRoom> {
     let mut request = prepare_join_event::v1::Request::new(room_id.to_owned(), user.to_owned());
-    request.ver = JOINABLE_VERSIONS.to_vec();
+    request.ver = version::FEDERATED.to_vec();
     let template = super::send(state, server, request).await.map_err(|e| remote_error(server, e))?;
-    let version = template.room_version.unwrap_or(RoomVersionId::V1);
-    if !JOINABLE_VERSIONS.contains(&version) {
-        return Err(Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here")));
-    }
-    let rules = version.rules().ok_or_else(|| {
-        Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
-    })?;
+    let (version, rules) = version::federated_rules(template.room_version.as_ref())?;
     let (event_id, join) = sign_template(state, &rules, room_id, user, &template.event, "join").await?;
     let raw = RawJsonValue::from_string(
         serde_json::to_string(&join).map_err(|e| Error::Internal(format!("join json: {e}")))?,
@@ -173,9 +154,11 @@ pub async fn sign_template(
     if event.contains_key("origin") {
         event.insert("origin".into(), CanonicalJsonValue::String(state.settings.server_name.to_string()));
     }
-    for name in ["signatures", "hashes", "unsigned", "event_id"] {
+    for name in ["signatures", "hashes", "unsigned"] {
         event.remove(name);
     }
+    // Versions 1 and 2: the id is ours to make (the template's, if any, is not).
+    version::assign_event_id(rules, &state.settings.server_name, &mut event);
     ruma::signatures::hash_and_sign_event(
         state.settings.server_name.as_str(),
         &state.signing_key.pair,
@@ -186,7 +169,7 @@ pub async fn sign_template(
     if serde_json::to_string(&event).map_or(0, |t| t.len()) > MAX_PDU_BYTES {
         return Err(Error::TooLarge(format!("The {membership} is larger than {MAX_PDU_BYTES} bytes")));
     }
-    let event_id = super::incoming::event_id(&event, rules)?;
+    let event_id = version::event_id(&event, rules)?;
     Ok((event_id, event))
 }
 
@@ -213,7 +196,7 @@ async fn check_answer(
     let mut room_state: HashMap<(String, String), Pdu> = HashMap::new();
     for raw in &answer.state {
         let Ok(object) = serde_json::from_str::<CanonicalJsonObject>(raw.get()) else { continue };
-        let Ok(id) = super::incoming::event_id(&object, &rules) else { continue };
+        let Ok(id) = version::event_id(&object, &rules) else { continue };
         if let Some(pdu) = events.get(&id)
             && let Some(key) = &pdu.state_key
         {

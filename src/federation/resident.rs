@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::room::pdu::{Draft, Pdu};
 use crate::room::read::{self, RoomView};
 use crate::room::timeline::{self, RoomWriter};
+use crate::room::version;
 use crate::room::visibility::SeqRanges;
 use crate::state::AppState;
 use crate::storage::events::{self, StoredEvent};
@@ -59,6 +60,7 @@ pub async fn make_membership(
     let view = open_room(state, room_id).await?;
     super::acl::check(state, room_id.as_str(), origin).await?;
     let (version, _) = crate::room::rules_for(&view.room.room_version)?;
+    version::check_federates(&version)?;
     if let Some(ver) = ver {
         // The spec's default when the asking server names none: version 1 only.
         let supported = if ver.is_empty() { &[RoomVersionId::V1][..] } else { ver };
@@ -115,6 +117,7 @@ pub async fn send_membership(
 ) -> Result<(RoomView, Pdu, i64)> {
     let view = open_room(state, room_id).await?;
     super::acl::check(state, room_id.as_str(), origin).await?;
+    version::check_federates(&crate::room::rules_for(&view.room.room_version)?.0)?;
     let pdu = super::incoming::check_pdu(state, &view.rules, raw).await?;
     if pdu.event_id != event_id {
         return Err(Error::BadJson(format!("The event's id is {}, not {event_id}", pdu.event_id)));

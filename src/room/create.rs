@@ -163,6 +163,7 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
             room_id: preset_room_id.as_deref(),
             prev_events: vec![],
             auth_events: vec![],
+            reference_hashes: Default::default(),
             depth: 1,
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
         },

@@ -34,6 +34,10 @@ pub(super) async fn prepare(
         return Ok(None);
     }
     let sender = draft.sender.as_str();
+    if member_value(&draft.kind, &draft.content) == Some("knock") && !writer.rules.authorization.knocking {
+        // The auth rules refuse it too; this says why (as Synapse does).
+        return Err(Error::Forbidden(format!("Room version {} does not support knocking", writer.version)));
+    }
     let own_join = member_value(&draft.kind, &draft.content) == Some("join")
         && draft.state_key.as_deref() == Some(sender);
     let current = match &draft.state_key {
@@ -63,13 +67,18 @@ pub(super) async fn prepare(
     let rules: Value =
         writer.state_event("m.room.join_rules", "").await?.and_then(|p| p.content_as()).unwrap_or_default();
     let auth = &writer.rules.authorization;
-    let restricted = match rules["join_rule"].as_str() {
-        Some("restricted") => auth.restricted_join_rule,
-        Some("knock_restricted") => auth.knock_restricted_join_rule,
-        _ => false,
+    let (rule, supported) = match rules["join_rule"].as_str() {
+        Some(rule @ "restricted") => (rule, auth.restricted_join_rule),
+        Some(rule @ "knock_restricted") => (rule, auth.knock_restricted_join_rule),
+        _ => return Ok(None),
     };
-    if !restricted {
-        return Ok(None);
+    if !supported {
+        // A join rule the version does not know lets nobody in (the auth
+        // rules refuse the join too; this says why).
+        return Err(Error::Forbidden(format!(
+            "Room version {} does not support the {rule} join rule: nobody can join under it",
+            writer.version
+        )));
     }
     // Each allowed room costs a lookup inside the room's write lock: only
     // the first MAX_ALLOWED_ROOMS count.

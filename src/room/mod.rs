@@ -22,16 +22,13 @@ pub mod redaction;
 pub mod remote;
 pub mod spaces;
 pub mod timeline;
+pub mod version;
 pub mod visibility;
 
 use ruma::RoomVersionId;
 use ruma::room_version_rules::RoomVersionRules;
 
 use crate::error::{Error, Result};
-
-/// Room versions this server creates rooms in.
-pub const CREATABLE_VERSIONS: &[RoomVersionId] =
-    &[RoomVersionId::V10, RoomVersionId::V11, RoomVersionId::V12];
 
 /// The state an invitee or knocker is shown of a room (stripped state),
 /// besides the member events of the invitee and the inviter.
@@ -44,9 +41,6 @@ pub const STRIPPED_STATE_TYPES: [&str; 7] = [
     "m.room.encryption",
     "m.room.topic",
 ];
-
-/// The default version for new rooms (the spec recommends 12 since v1.16).
-pub const DEFAULT_VERSION: RoomVersionId = RoomVersionId::V12;
 
 /// The rules of a stored room's version.
 pub fn rules_for(version: &str) -> Result<(RoomVersionId, RoomVersionRules)> {

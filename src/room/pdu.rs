@@ -4,11 +4,12 @@
 //! Every event seqline creates is a real, signed PDU of its room's version, so
 //! that federation can take it as it is.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
 use ruma::events::TimelineEventType;
-use ruma::room_version_rules::{EventIdFormatVersion, RoomVersionRules};
+use ruma::room_version_rules::RoomVersionRules;
 use ruma::serde::Raw;
 use ruma::{
     EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, OwnedUserId, RoomId, ServerName, UInt,
@@ -50,7 +51,7 @@ pub struct Draft {
 /// A stored or freshly built PDU, parsed enough for authorisation and serving.
 #[derive(Debug, Clone)]
 pub struct Pdu {
-    /// Event id (computed from the reference hash for v3+ rooms).
+    /// Event id (the `event_id` field in v1/v2 rooms, the reference hash after: `version::event_id`).
     pub event_id: OwnedEventId,
     /// `None` only for the create event of a v12+ room.
     pub room_id: Option<OwnedRoomId>,
@@ -92,12 +93,31 @@ struct PduFields {
     content: Box<RawJsonValue>,
     state_key: Option<String>,
     #[serde(default)]
-    prev_events: Vec<OwnedEventId>,
+    prev_events: Vec<Reference>,
     #[serde(default)]
-    auth_events: Vec<OwnedEventId>,
+    auth_events: Vec<Reference>,
     redacts: Option<OwnedEventId>,
     #[serde(default)]
     depth: UInt,
+}
+
+/// An entry of `prev_events` or `auth_events`: a plain id (room version 3
+/// on) or an `[id, hashes]` pair (versions 1 and 2; the form each version
+/// must use is checked where other servers' PDUs come in:
+/// `version::check_references`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Reference {
+    Id(OwnedEventId),
+    Pair(OwnedEventId, serde::de::IgnoredAny),
+}
+
+impl Reference {
+    fn into_id(self) -> OwnedEventId {
+        match self {
+            Self::Id(id) | Self::Pair(id, _) => id,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -123,8 +143,8 @@ impl Pdu {
             kind: fields.kind,
             content: fields.content,
             state_key: fields.state_key,
-            prev_events: fields.prev_events,
-            auth_events: fields.auth_events,
+            prev_events: fields.prev_events.into_iter().map(Reference::into_id).collect(),
+            auth_events: fields.auth_events.into_iter().map(Reference::into_id).collect(),
             redacts,
             redacts_in_content,
             redacts_top_level: fields.redacts,
@@ -195,6 +215,12 @@ impl Pdu {
     pub fn to_json_string(&self) -> String {
         self.text.to_string()
     }
+
+    /// The reference hash of the event (what versions 1 and 2 list beside
+    /// its id where other events point at it).
+    pub fn reference_hash(&self, rules: &RoomVersionRules) -> Result<String> {
+        super::version::reference_hash(&self.canonical()?, rules)
+    }
 }
 
 impl ruma::state_res::Event for Pdu {
@@ -244,6 +270,9 @@ pub struct Placement<'a> {
     pub prev_events: Vec<OwnedEventId>,
     /// Auth events chosen by the auth-events selection rules.
     pub auth_events: Vec<OwnedEventId>,
+    /// Room versions 1 and 2: the reference hash of each prev and auth
+    /// event, by id (they are listed with it); empty for later versions.
+    pub reference_hashes: HashMap<OwnedEventId, String>,
     /// Depth: one more than the deepest prev event.
     pub depth: u64,
     /// Origin timestamp.
@@ -258,11 +287,8 @@ pub fn build(
     draft: &Draft,
     placement: Placement<'_>,
 ) -> Result<Pdu> {
-    if rules.event_id_format == EventIdFormatVersion::V1 {
-        return Err(Error::Internal("creating events in room versions 1 and 2 is not supported".into()));
-    }
-    let ids = |ids: &[OwnedEventId]| {
-        CanonicalJsonValue::Array(ids.iter().map(|id| CanonicalJsonValue::String(id.to_string())).collect())
+    let references = |ids: &[OwnedEventId]| {
+        super::version::references(rules, ids, |id| placement.reference_hashes.get(id).cloned())
     };
     let mut content = draft.content.clone();
     let mut object = CanonicalJsonObject::new();
@@ -273,14 +299,14 @@ pub fn build(
             object.insert("redacts".into(), CanonicalJsonValue::String(redacts.to_string()));
         }
     }
-    object.insert("auth_events".into(), ids(&placement.auth_events));
+    object.insert("auth_events".into(), references(&placement.auth_events)?);
     object.insert("content".into(), CanonicalJsonValue::Object(content));
     object.insert("depth".into(), CanonicalJsonValue::Integer(int(placement.depth)?));
     object.insert(
         "origin_server_ts".into(),
         CanonicalJsonValue::Integer(int(u64::from(placement.origin_server_ts.0))?),
     );
-    object.insert("prev_events".into(), ids(&placement.prev_events));
+    object.insert("prev_events".into(), references(&placement.prev_events)?);
     if let Some(room_id) = placement.room_id {
         object.insert("room_id".into(), CanonicalJsonValue::String(room_id.to_string()));
     }
@@ -289,6 +315,7 @@ pub fn build(
         object.insert("state_key".into(), CanonicalJsonValue::String(state_key.clone()));
     }
     object.insert("type".into(), CanonicalJsonValue::String(draft.kind.clone()));
+    super::version::assign_event_id(rules, server_name, &mut object);
 
     ruma::signatures::hash_and_sign_event(server_name.as_str(), &key.pair, &mut object, &rules.redaction)
         .map_err(|e| match e {
@@ -299,12 +326,10 @@ pub fn build(
     if text.len() > MAX_PDU_BYTES {
         return Err(too_large());
     }
-    let hash = ruma::signatures::reference_hash(&object, rules).map_err(|e| match e {
-        ruma::signatures::JsonError::PduTooLarge => too_large(),
-        other => Error::Internal(format!("reference hash failed: {other}")),
+    let event_id = super::version::event_id(&object, rules).map_err(|e| match e {
+        Error::TooLarge(_) => e,
+        other => Error::Internal(format!("event id: {other}")),
     })?;
-    let event_id =
-        EventId::parse(format!("${hash}")).map_err(|e| Error::Internal(format!("event id: {e}")))?;
     Pdu::from_text(event_id, text.into())
 }
 
@@ -412,45 +437,111 @@ mod tests {
         );
     }
 
+    fn message_draft() -> Draft {
+        Draft {
+            kind: "m.room.message".into(),
+            state_key: None,
+            content: canonical_content(json!({ "msgtype": "m.text", "body": "hello" })).unwrap(),
+            sender: "@a:domain".try_into().unwrap(),
+            redacts: None,
+        }
+    }
+
+    fn verify(key: &ServerKey, pdu: &Pdu, rules: &RoomVersionRules) {
+        let mut keys = PublicKeySet::new();
+        keys.insert(key.key_id(), ruma::serde::Base64::new(key.pair.public_key().to_vec()));
+        let mut map = PublicKeyMap::new();
+        map.insert("domain".into(), keys);
+        ruma::signatures::verify_event(&map, &pdu.canonical().unwrap(), rules).unwrap();
+    }
+
     #[test]
-    fn built_events_verify_and_have_reference_hash_ids() {
+    fn built_events_verify_and_have_their_versions_ids() {
         let key = spec_key();
         let server: &ServerName = "domain".try_into().unwrap();
-        for version in [ruma::RoomVersionId::V10, ruma::RoomVersionId::V11, ruma::RoomVersionId::V12] {
+        let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
+        for version in crate::room::version::CREATABLE {
             let rules = version.rules().unwrap();
-            let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
-            let draft = Draft {
-                kind: "m.room.message".into(),
-                state_key: None,
-                content: canonical_content(json!({ "msgtype": "m.text", "body": "hello" })).unwrap(),
-                sender: "@a:domain".try_into().unwrap(),
-                redacts: None,
+            let prev: OwnedEventId =
+                if super::super::version::carries_event_id(&rules) { "$prev:domain" } else { "$prevhash" }
+                    .try_into()
+                    .unwrap();
+            let placement = Placement {
+                room_id: Some(&room_id),
+                prev_events: vec![prev.clone()],
+                auth_events: vec![prev.clone()],
+                reference_hashes: [(prev.clone(), "somehash".to_owned())].into(),
+                depth: 2,
+                origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1_000_000u32)),
             };
-            let pdu = build(
-                &rules,
-                server,
-                &key,
-                &draft,
-                Placement {
-                    room_id: Some(&room_id),
-                    prev_events: vec![],
-                    auth_events: vec![],
-                    depth: 1,
-                    origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1_000_000u32)),
-                },
-            )
-            .unwrap();
-            // The id is the URL-safe reference hash, and the signature verifies.
-            let hash = ruma::signatures::reference_hash(&pdu.canonical().unwrap(), &rules).unwrap();
-            assert_eq!(pdu.event_id.as_str(), format!("${hash}"));
-            assert!(!hash.contains('+') && !hash.contains('/'));
-            let mut keys = PublicKeySet::new();
-            keys.insert(key.key_id(), ruma::serde::Base64::new(key.pair.public_key().to_vec()));
-            let mut map = PublicKeyMap::new();
-            map.insert("domain".into(), keys);
-            ruma::signatures::verify_event(&map, &pdu.canonical().unwrap(), &rules).unwrap();
-            assert_eq!(pdu.depth, 1);
+            let pdu = build(&rules, server, &key, &message_draft(), placement).unwrap();
+            verify(&key, &pdu, &rules);
+            assert_eq!(pdu.depth, 2);
+            assert_eq!(pdu.prev_events, vec![prev.clone()], "{version}");
+            assert_eq!(pdu.auth_events, vec![prev.clone()], "{version}");
+            let object = pdu.canonical().unwrap();
+            let hash = ruma::signatures::reference_hash(&object, &rules).unwrap();
+            let prev_events = serde_json::to_value(&object["prev_events"]).unwrap();
+            match version {
+                ruma::RoomVersionId::V1 | ruma::RoomVersionId::V2 => {
+                    // $<opaque>:<our name>, kept (and signed) in the PDU; pairs with hashes.
+                    assert_eq!(pdu.event_id.server_name().map(|s| s.as_str()), Some("domain"));
+                    assert_eq!(object["event_id"], CanonicalJsonValue::String(pdu.event_id.to_string()));
+                    assert_eq!(prev_events, json!([["$prev:domain", { "sha256": "somehash" }]]));
+                }
+                _ => {
+                    assert_eq!(pdu.event_id.as_str(), format!("${hash}"));
+                    assert!(!object.contains_key("event_id"));
+                    assert_eq!(prev_events, json!(["$prevhash"]));
+                }
+            }
+            if matches!(version, ruma::RoomVersionId::V1 | ruma::RoomVersionId::V2 | ruma::RoomVersionId::V3)
+            {
+                // Standard base64 (the v3 id, the hashes v1/v2 list).
+                assert!(!hash.contains('-') && !hash.contains('_'));
+            } else {
+                assert!(!hash.contains('+') && !hash.contains('/'));
+            }
+            // The stored form parses back to the same fields.
+            let stored = Pdu::from_stored(pdu.event_id.as_str(), &pdu.to_json_string()).unwrap();
+            assert_eq!(stored.prev_events, pdu.prev_events);
+            assert_eq!(stored.auth_events, pdu.auth_events);
         }
+    }
+
+    #[test]
+    fn v1_v2_references_need_the_hashes() {
+        let rules = ruma::RoomVersionId::V2.rules().unwrap();
+        let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
+        let placement = Placement {
+            room_id: Some(&room_id),
+            prev_events: vec!["$prev:domain".try_into().unwrap()],
+            auth_events: vec![],
+            reference_hashes: HashMap::new(),
+            depth: 2,
+            origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1u32)),
+        };
+        let err = build(&rules, "domain".try_into().unwrap(), &spec_key(), &message_draft(), placement);
+        assert!(matches!(err, Err(Error::Internal(_))), "{err:?}");
+    }
+
+    #[test]
+    fn v1_v2_pdus_parse_with_pairs() {
+        // The shape another server sends in a v2 room.
+        let object: CanonicalJsonObject = serde_json::from_value(json!({
+            "event_id": "$e:remote", "room_id": "!r:remote", "sender": "@u:remote",
+            "type": "m.room.message", "content": { "body": "x" }, "depth": 4,
+            "origin_server_ts": 5,
+            "prev_events": [["$p:remote", { "sha256": "aGFzaA" }]],
+            "auth_events": [["$a1:remote", { "sha256": "aGFzaA" }], ["$a2:other", { "sha256": "aGFzaA" }]],
+            "hashes": { "sha256": "x" }, "signatures": {}
+        }))
+        .unwrap();
+        let pdu = Pdu::from_checked("$e:remote".try_into().unwrap(), &object).unwrap();
+        assert_eq!(pdu.prev_events, vec![OwnedEventId::try_from("$p:remote").unwrap()]);
+        let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
+        assert_eq!(auth, ["$a1:remote", "$a2:other"]);
+        assert_eq!(pdu.depth, 4);
     }
 
     #[test]
@@ -469,6 +560,7 @@ mod tests {
             room_id: Some(&room_id),
             prev_events: vec![],
             auth_events: vec![],
+            reference_hashes: HashMap::new(),
             depth: 1,
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1u32)),
         };

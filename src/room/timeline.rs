@@ -254,15 +254,37 @@ impl RoomWriter {
             &self.rules.authorization,
         )
         .map_err(|e| Error::BadJson(format!("Invalid event: {e}")))?;
+        let rules = self.rules.clone();
+        let pairs = super::version::references_are_pairs(&rules);
         let mut auth_events = Vec::new();
+        let mut reference_hashes = HashMap::new();
         for (state_type, state_key) in &auth_types {
             if let Some(p) = self.state_event(&state_type.to_string(), state_key).await? {
                 auth_events.push(p.event_id.clone());
+                if pairs {
+                    reference_hashes.insert(p.event_id.clone(), p.reference_hash(&rules)?);
+                }
             }
         }
         // The dependent checks read the create event even where (v12) it is
         // not an auth event.
         self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
+        let prev_events: Vec<OwnedEventId> =
+            self.extremities.iter().rev().take(MAX_PREV_EVENTS).cloned().collect();
+        if pairs {
+            for id in &prev_events {
+                let hash = match self.by_id.get(id) {
+                    Some(p) => p.reference_hash(&self.rules)?,
+                    None => {
+                        let stored = events::by_id_tx(self.tx.conn(), id.as_str())
+                            .await?
+                            .ok_or_else(|| Error::Internal(format!("extremity {id} is not stored")))?;
+                        Pdu::from_stored(&stored.event_id, &stored.json)?.reference_hash(&self.rules)?
+                    }
+                };
+                reference_hashes.insert(id.clone(), hash);
+            }
+        }
         let placement = Placement {
             room_id: if kind == TimelineEventType::RoomCreate
                 && self.rules.authorization.room_create_event_id_as_room_id
@@ -271,8 +293,9 @@ impl RoomWriter {
             } else {
                 Some(&self.room_id)
             },
-            prev_events: self.extremities.iter().rev().take(MAX_PREV_EVENTS).cloned().collect(),
+            prev_events,
             auth_events,
+            reference_hashes,
             depth: u64::try_from(self.max_depth + 1).unwrap_or(1),
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
         };

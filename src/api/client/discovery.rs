@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use axum::Router;
-use ruma::RoomVersionId;
 use ruma::api::client::discovery::get_capabilities::v3::{
     Capabilities, RoomVersionStability, RoomVersionsCapability,
 };
@@ -48,11 +47,9 @@ async fn capabilities(
     _req: Ruma<get_capabilities::v3::Request>,
 ) -> Result<serde_json::Value> {
     let mut capabilities = Capabilities::new();
-    let available: BTreeMap<_, _> = [RoomVersionId::V10, RoomVersionId::V11, RoomVersionId::V12]
-        .into_iter()
-        .map(|v| (v, RoomVersionStability::Stable))
-        .collect();
-    capabilities.room_versions = RoomVersionsCapability::new(RoomVersionId::V12, available);
+    let available: BTreeMap<_, _> =
+        crate::room::version::CREATABLE.into_iter().map(|v| (v, RoomVersionStability::Stable)).collect();
+    capabilities.room_versions = RoomVersionsCapability::new(crate::room::version::DEFAULT, available);
     let mut body = serde_json::json!({ "capabilities": capabilities });
     // ruma leaves a capability out at its default value; clients (and
     // Complement) look for this one explicitly.

@@ -19,7 +19,7 @@ use crate::room::create::{CreateRoom, Preset, create_room};
 use crate::room::pdu::{Draft, canonical_content};
 use crate::room::read;
 use crate::room::timeline::{self, ClientTxn};
-use crate::room::{CREATABLE_VERSIONS, DEFAULT_VERSION};
+use crate::room::version;
 use crate::state::AppState;
 use crate::storage::events;
 
@@ -75,8 +75,8 @@ async fn create(state: AppState, req: Ruma<create_room::v3::Request>) -> Result<
     if !body.invite_3pid.is_empty() {
         return Err(third_party_invites_unsupported());
     }
-    let version = body.room_version.clone().unwrap_or(DEFAULT_VERSION);
-    if !CREATABLE_VERSIONS.contains(&version) {
+    let version = body.room_version.clone().unwrap_or(version::DEFAULT);
+    if !version::creatable(&version) {
         return Err(Error::UnsupportedRoomVersion(format!(
             "This server does not create rooms of version {version}"
         )));
