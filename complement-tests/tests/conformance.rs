@@ -21,6 +21,7 @@ backend_tests!(
     v12_creators_are_never_in_the_power_levels,
     device_lists_follow_who_shares_a_room,
     a_filtered_messages_page_that_found_events_has_an_end,
+    members_at_a_sync_token,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -299,4 +300,36 @@ async fn a_filtered_messages_page_that_found_events_has_an_end(backend: Backend)
     assert_eq!(status, 200, "{next}");
     assert_eq!(next["chunk"], json!([]));
     assert!(next.get("end").is_none(), "{next}");
+}
+
+/// `/members?at=` takes a `/sync` `next_batch` too: the members at that point.
+async fn members_at_a_sync_token(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    let before_bob = sync_once(&server, &alice, None).await["next_batch"].as_str().unwrap().to_owned();
+    join(&server, &bob, &room).await;
+    let members = |at: String| {
+        let (server, alice, room) = (&server, &alice, &room);
+        async move {
+            let (status, body) =
+                server.get(&room_path(room, &format!("/members?at={}", enc(&at))), Some(&alice.token)).await;
+            assert_eq!(status, 200, "{body}");
+            let mut who: Vec<String> = body["chunk"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["content"]["membership"] == "join")
+                .map(|e| e["state_key"].as_str().unwrap().to_owned())
+                .collect();
+            who.sort();
+            who
+        }
+    };
+    assert_eq!(members(before_bob).await, [alice.user_id.clone()]);
+    let now = sync_once(&server, &alice, None).await["next_batch"].as_str().unwrap().to_owned();
+    let mut both = vec![alice.user_id.clone(), bob.user_id.clone()];
+    both.sort();
+    assert_eq!(members(now).await, both);
 }

@@ -57,7 +57,7 @@ fn lazy_members(f: &RoomEventFilter) -> bool {
 
 /// A position on the room's seq line from a `/messages` token (`t<seq>`) or a
 /// `/sync` token (`s<stream>_<typing>`, which the spec allows here too).
-async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64> {
+pub(super) async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64> {
     if token.starts_with('s') {
         let t = crate::sync::Token::parse(token)?;
         return crate::storage::events::seq_at_stream(&state.db, &view.room.room_id, t.stream).await;

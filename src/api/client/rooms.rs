@@ -300,7 +300,11 @@ async fn members(state: AppState, req: Ruma<get_member_events::v3::Request>) -> 
     let body = &req.body;
     let view = read::open(&state, &body.room_id).await?;
     let access = read::access(&state, &view, &me.user_id).await?;
-    let at = body.at.as_deref().map(crate::room::history::parse_token).transpose()?;
+    // A `/messages` token or a `/sync` one (`next_batch`, as the spec allows).
+    let at = match body.at.as_deref() {
+        Some(token) => Some(super::messages::position(&state, &view, token).await?),
+        None => None,
+    };
     // The event at that point must be one the caller may read (as Synapse):
     // the membership there would tell what they may not see.
     if let Some(at) = at
