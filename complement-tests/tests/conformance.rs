@@ -327,7 +327,7 @@ async fn members_at_a_sync_token(backend: Backend) {
             who
         }
     };
-    assert_eq!(members(before_bob).await, [alice.user_id.clone()]);
+    assert_eq!(members(before_bob).await, std::slice::from_ref(&alice.user_id));
     let now = sync_once(&server, &alice, None).await["next_batch"].as_str().unwrap().to_owned();
     let mut both = vec![alice.user_id.clone(), bob.user_id.clone()];
     both.sort();
