@@ -18,6 +18,7 @@ pub mod position;
 pub mod power;
 pub mod read;
 pub mod redaction;
+pub mod relations;
 pub mod remote;
 pub mod timeline;
 pub mod visibility;

@@ -429,6 +429,7 @@ impl RoomWriter {
             membership: member_value(&draft.kind, &draft.content),
             prev_events: &prev_events,
             auth_events: &auth_events,
+            relation: super::relations::relation_of(&draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
         if let Some(key) = &draft.state_key {
@@ -471,6 +472,9 @@ impl RoomWriter {
         }
         if let Some(target) = redacts {
             events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
+            // A redacted event loses its content's `m.relates_to` (every
+            // room version's redaction algorithm drops it), so its relation.
+            crate::storage::relations::delete(self.tx.conn(), target.as_str()).await?;
         }
         self.reservations.push(reservation);
         self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));

@@ -19,6 +19,7 @@ pub mod media;
 pub mod memberships;
 pub mod outliers;
 pub mod receipts;
+pub mod relations;
 pub mod rooms;
 pub mod server_keys;
 pub mod state_runs;
@@ -162,6 +163,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
+    (22, "event_relations", include_str!("../../migrations/sqlite/0022_event_relations.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -185,6 +187,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
+    (22, "event_relations", include_str!("../../migrations/postgres/0022_event_relations.sql")),
 ];
 
 impl Db {

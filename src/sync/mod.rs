@@ -178,8 +178,16 @@ async fn seq_at(state: &AppState, room_id: &str, stream: i64) -> Result<i64> {
     events::seq_at_stream(&state.db, room_id, stream).await
 }
 
-fn format_events(view: &RoomView, events: &[Loaded], me: &Requester, access: &Access) -> Vec<Value> {
-    events.iter().map(|e| read::format(view, e, me, &access.history)).collect()
+/// A timeline's events as served, with their bundled aggregations.
+async fn format_events(
+    state: &AppState,
+    view: &RoomView,
+    events: &[Loaded],
+    me: &Requester,
+    access: &Access,
+) -> Result<Vec<Value>> {
+    let refs: Vec<&Loaded> = events.iter().collect();
+    read::format_events(state, view, access, me, &refs).await
 }
 
 async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) -> Result<(Value, bool)> {
@@ -516,7 +524,7 @@ async fn joined_room(
     let prev_batch = history::token(start - 1);
     let mut room = json!({
         "timeline": {
-            "events": format_events(view, &timeline_events, me, access),
+            "events": format_events(state, view, &timeline_events, me, access).await?,
             "limited": limited,
             "prev_batch": prev_batch,
         },
@@ -554,7 +562,7 @@ async fn left_room(
     };
     let mut room = json!({
         "timeline": {
-            "events": format_events(view, &timeline_events, me, access),
+            "events": format_events(state, view, &timeline_events, me, access).await?,
             "limited": limited,
             "prev_batch": history::token(start - 1),
         },

@@ -53,7 +53,7 @@ fn lazy_members(f: &RoomEventFilter) -> bool {
 
 /// A position on the room's seq line from a `/messages` token (`t<seq>`) or a
 /// `/sync` token (`s<stream>_<typing>`, which the spec allows here too).
-async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64> {
+pub(super) async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64> {
     if token.starts_with('s') {
         let t = crate::sync::Token::parse(token)?;
         return crate::storage::events::seq_at_stream(&state.db, &view.room.room_id, t.stream).await;
@@ -62,7 +62,7 @@ async fn position(state: &AppState, view: &RoomView, token: &str) -> Result<i64>
 }
 
 /// 403 for a room the user may read nothing of and was never in.
-fn require_some_access(access: &Access) -> Result<()> {
+pub(super) fn require_some_access(access: &Access) -> Result<()> {
     if access.ranges.is_empty() && !access.ever_member() {
         return Err(Error::Forbidden("You are not a member of this room".into()));
     }
@@ -114,7 +114,7 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
         history::page(&state, &view, &access, PageRequest { from, to, dir, limit, filter: &filter }).await?;
     let mut body = json!({
         "start": history::token(from),
-        "chunk": format_all(&view, &page.events, me, &access),
+        "chunk": read::format_events(&state, &view, &access, me, &page.events.iter().collect::<Vec<_>>()).await?,
     });
     if let Some(next) = page.next {
         body["end"] = json!(history::token(next));
@@ -188,12 +188,18 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
         }
         out
     };
+    // One batch of bundled aggregations for the whole answer.
+    let all: Vec<&Loaded> = before.iter().chain(std::iter::once(&event)).chain(after.iter()).collect();
+    let mut formatted = read::format_events(&state, &view, &access, me, &all).await?;
+    let events_after = formatted.split_off(before.len() + 1);
+    let event_json = formatted.pop().unwrap_or_default();
+    let events_before = formatted;
     let mut body = json!({
         "start": history::token(start),
         "end": history::token(end),
-        "events_before": format_all(&view, &before, me, &access),
-        "event": read::format(&view, &event, me, &access.history),
-        "events_after": format_all(&view, &after, me, &access),
+        "events_before": events_before,
+        "event": event_json,
+        "events_after": events_after,
         "state": state_events,
     });
     if let Some(fields) = fields {
