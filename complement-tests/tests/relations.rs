@@ -21,6 +21,8 @@ backend_tests!(
     parent_in_another_room_is_not_found,
     partial_readers_see_only_their_part_of_a_thread,
     malformed_parameters_are_invalid_param,
+    threaded_receipts_count_per_thread,
+    threaded_and_unthreaded_receipts_both_reach_sync,
 );
 
 const V1: &str = "/_matrix/client/v1";
@@ -549,4 +551,116 @@ async fn malformed_parameters_are_invalid_param(backend: Backend) {
     // A huge but valid limit is capped, not refused.
     let page = relations_ok(&server, &alice, &room, &root, "?limit=100000").await;
     assert_eq!(page["chunk"], json!([]));
+}
+
+async fn receipt(server: &Server, user: &User, room: &str, event: &str, body: Value) {
+    let path = room_path(room, &format!("/receipt/m.read/{}", enc(event)));
+    let (status, answer) = server.post(&path, Some(&user.token), body).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// `(unread_notifications, unread_thread_notifications)` of one room in an
+/// initial `/sync`, with or without the filter that splits threads out.
+async fn unread(server: &Server, user: &User, room: &str, threaded: bool) -> ((i64, i64), Value) {
+    let filter = if threaded {
+        r#"{"room":{"timeline":{"unread_thread_notifications":true}}}"#
+    } else {
+        r#"{"room":{"timeline":{}}}"#
+    };
+    let (status, sync) =
+        server.get(&format!("{V3}/sync?timeout=0&filter={}", enc(filter)), Some(&user.token)).await;
+    assert_eq!(status, 200, "{sync}");
+    let joined = &sync["rooms"]["join"][room];
+    let counts = &joined["unread_notifications"];
+    let pair = (
+        counts["notification_count"].as_i64().unwrap_or(-1),
+        counts["highlight_count"].as_i64().unwrap_or(-1),
+    );
+    (pair, joined.get("unread_thread_notifications").cloned().unwrap_or(Value::Null))
+}
+
+fn thread_pair(threads: &Value, root: &str) -> (i64, i64) {
+    let t = &threads[root];
+    (t["notification_count"].as_i64().unwrap_or(-1), t["highlight_count"].as_i64().unwrap_or(-1))
+}
+
+/// Complement's TestThreadedReceipts: A, a thread B, C (mentions Bob), E on
+/// A, D (mentions Bob) in the main timeline, F a reference to A, G a
+/// reaction to F; Bob's receipts, threaded and not, read each part.
+async fn threaded_receipts_count_per_thread(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = public_room(&server, &alice).await;
+    join(&server, &bob, &room).await;
+    let bob_id = server.user_id("bob");
+    let a = send(&server, &alice, &room, "m.room.message", text("Hello world!")).await;
+    let b = send(&server, &alice, &room, "m.room.message", reply("Start thread!", "m.thread", &a)).await;
+    send(
+        &server,
+        &alice,
+        &room,
+        "m.room.message",
+        reply(&format!("Thread response {bob_id}!"), "m.thread", &a),
+    )
+    .await;
+    let d = send(&server, &alice, &room, "m.room.message", text(&format!("Hello {bob_id}!"))).await;
+    send(&server, &alice, &room, "m.room.message", reply("End thread", "m.thread", &a)).await;
+    let f = send(&server, &alice, &room, "m.room.message", reply("Reference!", "m.reference", &a)).await;
+    let g = send(
+        &server,
+        &alice,
+        &room,
+        "m.reaction",
+        json!({ "m.relates_to": { "rel_type": "m.annotation", "event_id": f, "key": "test" } }),
+    )
+    .await;
+
+    let check = |all: (i64, i64), main: (i64, i64), thread: Option<(i64, i64)>| {
+        let (server, bob, room, a) = (&server, &bob, &room, &a);
+        async move {
+            let (counts, threads) = unread(server, bob, room, false).await;
+            assert_eq!(counts, all, "unfiltered");
+            assert!(threads.is_null(), "no thread counts without the filter: {threads}");
+            let (counts, threads) = unread(server, bob, room, true).await;
+            assert_eq!(counts, main, "main timeline");
+            match thread {
+                Some(pair) => assert_eq!(thread_pair(&threads, a), pair, "{threads}"),
+                None => assert!(threads.is_null(), "nothing unread in threads: {threads}"),
+            }
+        }
+    };
+    check((6, 2), (3, 1), Some((3, 1))).await;
+    receipt(&server, &bob, &room, &a, json!({ "thread_id": "main" })).await;
+    check((5, 2), (2, 1), Some((3, 1))).await;
+    receipt(&server, &bob, &room, &b, json!({ "thread_id": a })).await;
+    check((4, 2), (2, 1), Some((2, 1))).await;
+    receipt(&server, &bob, &room, &d, json!({})).await;
+    check((2, 0), (1, 0), Some((1, 0))).await;
+    receipt(&server, &bob, &room, &g, json!({ "thread_id": a })).await;
+    check((1, 0), (1, 0), None).await;
+}
+
+/// Complement's TestThreadReceiptsInSync: an unthreaded and a threaded
+/// receipt at one event both reach /sync, the threaded one with its thread.
+async fn threaded_and_unthreaded_receipts_both_reach_sync(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let room = public_room(&server, &alice).await;
+    let a = send(&server, &alice, &room, "m.room.message", text("Hello world!")).await;
+    let b = send(&server, &alice, &room, "m.room.message", reply("Start thread!", "m.thread", &a)).await;
+    receipt(&server, &alice, &room, &b, json!({})).await;
+    receipt(&server, &alice, &room, &b, json!({ "thread_id": a })).await;
+    let sync = sync_once(&server, &alice, None).await;
+    let ephemeral = &sync["rooms"]["join"][&room]["ephemeral"]["events"];
+    let mut threads: Vec<Option<String>> = ephemeral
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "m.receipt")
+        .filter_map(|e| e["content"][&b]["m.read"].get(alice.user_id.as_str()).cloned())
+        .map(|r| r["thread_id"].as_str().map(str::to_owned))
+        .collect();
+    threads.sort();
+    assert_eq!(threads, [None, Some(a)], "{ephemeral}");
 }

@@ -48,6 +48,20 @@ fn own_rel_type(loaded: &Loaded) -> Option<String> {
     content.get("m.relates_to")?.get("rel_type")?.as_str().map(str::to_owned)
 }
 
+/// The thread an event is in: the root its `m.thread` relation names
+/// (`None`: the main timeline, thread roots included). A redacted event has
+/// lost its relation.
+pub fn thread_of(loaded: &Loaded) -> Option<String> {
+    if loaded.redaction.is_some() {
+        return None;
+    }
+    let content: Value = loaded.pdu.content_as()?;
+    let relates_to = content.get("m.relates_to")?;
+    (relates_to.get("rel_type")?.as_str()? == "m.thread")
+        .then(|| relates_to.get("event_id")?.as_str().map(str::to_owned))
+        .flatten()
+}
+
 /// A readable event of the room by id, or the 404 of `/event` (unknown,
 /// in another room, or not readable: the same answer).
 pub async fn readable_event(
