@@ -5,8 +5,9 @@
 -- its room and its position on the room's seq line (`events.seq`), so every
 -- reader filters the rows by the caller's readable ranges before it uses
 -- them. A redacted child loses its `m.relates_to` (no room version keeps it),
--- so redacting it deletes its row.
-CREATE TABLE event_relations (
+-- so redacting it deletes its row. Running this again (a test's database
+-- taken back to before 0020) keeps what is there and adds what is missing.
+CREATE TABLE IF NOT EXISTS event_relations (
     event_id      TEXT PRIMARY KEY NOT NULL,
     room_id       TEXT NOT NULL,
     relates_to_id TEXT NOT NULL,
@@ -16,9 +17,9 @@ CREATE TABLE event_relations (
     seq           BIGINT NOT NULL
 );
 -- /relations, bundled aggregations: one parent's children of a type, in order.
-CREATE INDEX event_relations_by_parent ON event_relations (room_id, relates_to_id, rel_type, seq);
+CREATE INDEX IF NOT EXISTS event_relations_by_parent ON event_relations (room_id, relates_to_id, rel_type, seq);
 -- /threads: a room's thread replies by thread.
-CREATE INDEX event_relations_by_type ON event_relations (room_id, rel_type, relates_to_id, seq);
+CREATE INDEX IF NOT EXISTS event_relations_by_type ON event_relations (room_id, rel_type, relates_to_id, seq);
 
 -- PostgreSQL's JSON functions refuse an escaped NUL (`\u0000`), which a PDU
 -- from another server may hold anywhere: such an event's relation is not
@@ -36,4 +37,5 @@ FROM (
 WHERE json_typeof(rel -> 'rel_type') = 'string'
   AND json_typeof(rel -> 'event_id') = 'string'
   AND (rel ->> 'event_id') LIKE '$%'
-  AND length(rel ->> 'rel_type') BETWEEN 1 AND 255;
+  AND length(rel ->> 'rel_type') BETWEEN 1 AND 255
+ON CONFLICT (event_id) DO NOTHING;

@@ -5,8 +5,9 @@
 -- its room and its position on the room's seq line (`events.seq`), so every
 -- reader filters the rows by the caller's readable ranges before it uses
 -- them. A redacted child loses its `m.relates_to` (no room version keeps it),
--- so redacting it deletes its row.
-CREATE TABLE event_relations (
+-- so redacting it deletes its row. Running this again (a test's database
+-- taken back to before 0020) keeps what is there and adds what is missing.
+CREATE TABLE IF NOT EXISTS event_relations (
     event_id      TEXT PRIMARY KEY NOT NULL,
     room_id       TEXT NOT NULL,
     relates_to_id TEXT NOT NULL,
@@ -16,9 +17,9 @@ CREATE TABLE event_relations (
     seq           INTEGER NOT NULL
 );
 -- /relations, bundled aggregations: one parent's children of a type, in order.
-CREATE INDEX event_relations_by_parent ON event_relations (room_id, relates_to_id, rel_type, seq);
+CREATE INDEX IF NOT EXISTS event_relations_by_parent ON event_relations (room_id, relates_to_id, rel_type, seq);
 -- /threads: a room's thread replies by thread.
-CREATE INDEX event_relations_by_type ON event_relations (room_id, rel_type, relates_to_id, seq);
+CREATE INDEX IF NOT EXISTS event_relations_by_type ON event_relations (room_id, rel_type, relates_to_id, seq);
 
 INSERT INTO event_relations (event_id, room_id, relates_to_id, rel_type, event_type, sender, seq)
 SELECT event_id, room_id,
@@ -32,4 +33,5 @@ WHERE redacted_by IS NULL
   AND json_extract(json, '$.content."m.relates_to".event_id') LIKE '$%'
   AND length(json_extract(json, '$.content."m.relates_to".rel_type')) BETWEEN 1 AND 255
   AND instr(json_extract(json, '$.content."m.relates_to".rel_type'), char(0)) = 0
-  AND instr(json_extract(json, '$.content."m.relates_to".event_id'), char(0)) = 0;
+  AND instr(json_extract(json, '$.content."m.relates_to".event_id'), char(0)) = 0
+ON CONFLICT (event_id) DO NOTHING;
