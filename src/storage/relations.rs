@@ -115,18 +115,26 @@ pub async fn children(
     if q.event_type.is_some() {
         filters.push_str(&format!(" AND x.event_type = ${next}"));
     }
-    // Each event relates to one parent, so the walk is a tree: every child
-    // is reached once. The depth bound stops it whatever the data.
+    // Direct children are one range of the parent index, read in order.
+    // Deeper, each event relates to one parent, so the walk is a tree: every
+    // child is reached once, and the depth bound stops it whatever the data.
+    let (with, from, parent) = if q.depth <= 1 {
+        ("", "event_relations x", "x.room_id = $1 AND x.relates_to_id = $2 AND $3 >= 1")
+    } else {
+        (
+            "WITH RECURSIVE tree (event_id, depth) AS ( \
+               SELECT event_id, 1 FROM event_relations WHERE room_id = $1 AND relates_to_id = $2 \
+               UNION ALL \
+               SELECT c.event_id, t.depth + 1 FROM event_relations c JOIN tree t ON c.relates_to_id = t.event_id \
+               WHERE c.room_id = $1 AND t.depth < $3 \
+             ) ",
+            "tree JOIN event_relations x ON x.event_id = tree.event_id",
+            "1 = 1",
+        )
+    };
     let sql = format!(
-        "WITH RECURSIVE tree (event_id, depth) AS ( \
-           SELECT event_id, 1 FROM event_relations WHERE room_id = $1 AND relates_to_id = $2 \
-           UNION ALL \
-           SELECT c.event_id, t.depth + 1 FROM event_relations c JOIN tree t ON c.relates_to_id = t.event_id \
-           WHERE c.room_id = $1 AND t.depth < $3 \
-         ) \
-         SELECT {COLUMNS} FROM tree JOIN event_relations x ON x.event_id = tree.event_id \
-         JOIN events e ON e.event_id = x.event_id \
-         WHERE x.seq >= $4 AND x.seq <= $5{filters} ORDER BY x.seq {order} LIMIT {limit}"
+        "{with}SELECT {COLUMNS} FROM {from} JOIN events e ON e.event_id = x.event_id \
+         WHERE {parent} AND x.seq >= $4 AND x.seq <= $5{filters} ORDER BY x.seq {order} LIMIT {limit}"
     );
     let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql))
         .bind(q.room_id)
