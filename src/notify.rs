@@ -165,17 +165,47 @@ impl Evaluator {
     }
 }
 
-/// The seq of the user's newest read receipt (public or private) in the room.
-pub async fn read_up_to(state: &AppState, room_id: &str, user: &UserId) -> Result<i64> {
-    let best: Option<i64> = sqlx::query_scalar(
-        "SELECT MAX(e.seq) FROM receipts r JOIN events e ON e.event_id = r.event_id \
-         WHERE r.room_id = $1 AND r.user_id = $2 AND r.receipt_type IN ('m.read', 'm.read.private')",
+/// Where a user has read a room up to (their read receipts, public or
+/// private): an unthreaded receipt reads everything up to its event, a
+/// threaded one (`thread_id`) only the main timeline (`main`) or one thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadMarks {
+    /// The unthreaded receipt's position (0: none).
+    pub unthreaded: i64,
+    /// Each threaded receipt's position, by `thread_id` (`main` or a root's id).
+    pub threads: std::collections::BTreeMap<String, i64>,
+}
+
+impl ReadMarks {
+    /// Whether the event at `seq` in `thread` (`None`: the main timeline)
+    /// has been read.
+    pub fn is_read(&self, seq: i64, thread: Option<&str>) -> bool {
+        let threaded = self.threads.get(thread.unwrap_or("main")).copied().unwrap_or(0);
+        seq <= self.unthreaded.max(threaded)
+    }
+}
+
+/// The user's read marks in the room.
+pub async fn read_marks(state: &AppState, room_id: &str, user: &UserId) -> Result<ReadMarks> {
+    let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT r.thread_id, MAX(e.seq) FROM receipts r JOIN events e ON e.event_id = r.event_id \
+         WHERE r.room_id = $1 AND r.user_id = $2 AND r.receipt_type IN ('m.read', 'm.read.private') \
+         GROUP BY r.thread_id",
     )
     .bind(room_id)
     .bind(user.as_str())
-    .fetch_one(&state.db.pool)
+    .fetch_all(&state.db.pool)
     .await?;
-    Ok(best.unwrap_or(0))
+    let mut marks = ReadMarks::default();
+    for (thread, seq) in rows {
+        let seq = seq.unwrap_or(0);
+        if thread.is_empty() {
+            marks.unthreaded = seq;
+        } else {
+            marks.threads.insert(thread, seq);
+        }
+    }
+    Ok(marks)
 }
 
 /// The readable events from others in `(after, upto]`, newest first, with
@@ -222,55 +252,94 @@ pub async fn evaluate_range(
     Ok(out)
 }
 
-/// Counts computed before, per (user, room): the read receipt and the head
+/// Counts computed before, per (user, room): the read marks and the head
 /// they were computed for, so the next sync only evaluates what is new.
 #[derive(Debug, Default)]
 pub struct CountCache {
     entries: std::sync::Mutex<std::collections::HashMap<(String, String), Cached>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Cached {
-    read: i64,
+    marks: ReadMarks,
     upto: i64,
-    notify: u64,
-    highlight: u64,
+    counts: Counts,
 }
 
-fn tally(events: &[(Loaded, Outcome)]) -> (u64, u64) {
-    let notify = events.iter().filter(|(_, o)| o.notify).count() as u64;
-    let highlight = events.iter().filter(|(_, o)| o.notify && o.highlight).count() as u64;
-    (notify, highlight)
+/// Unread notifying events of one room: in all, and per thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Notifying events, every timeline.
+    pub notify: u64,
+    /// Highlighting ones among them.
+    pub highlight: u64,
+    /// `(notify, highlight)` per thread root, threads with any only.
+    pub threads: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
-/// `unread_notifications` for one room: notifying events from others after
-/// the user's read receipt, up to seq `upto` (at most [`MAX_COUNTED`] looked at).
+impl Counts {
+    /// The main timeline's share (events in no thread; a root is one).
+    pub fn main(&self) -> (u64, u64) {
+        let (n, h) = self.threads.values().fold((0, 0), |(n, h), (tn, th)| (n + tn, h + th));
+        (self.notify - n, self.highlight - h)
+    }
+
+    /// Adds the unread notifying ones of `events`.
+    fn add(&mut self, events: &[(Loaded, Outcome)], marks: &ReadMarks) {
+        for (loaded, outcome) in events {
+            if !outcome.notify {
+                continue;
+            }
+            let thread = crate::room::relations::thread_of(loaded);
+            if marks.is_read(loaded.stored.seq, thread.as_deref()) {
+                continue;
+            }
+            let highlight = u64::from(outcome.highlight);
+            self.notify += 1;
+            self.highlight += highlight;
+            if let Some(root) = thread {
+                let entry = self.threads.entry(root).or_default();
+                entry.0 += 1;
+                entry.1 += highlight;
+            }
+        }
+    }
+}
+
+/// `unread_notifications` (and per thread, `unread_thread_notifications`)
+/// for one room: notifying events from others not covered by the user's
+/// read marks, up to seq `upto` (at most [`MAX_COUNTED`] looked at).
 pub async fn counts(
     state: &AppState,
     view: &RoomView,
     access: &Access,
     me: &Requester,
     upto: i64,
-) -> Result<(u64, u64)> {
-    let read = read_up_to(state, &view.room.room_id, &me.user_id).await?;
+) -> Result<Counts> {
+    let marks = read_marks(state, &view.room.room_id, &me.user_id).await?;
     let key = (me.user_id.to_string(), view.room.room_id.clone());
-    let cached = state.counts.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
-    let (notify, highlight) = match cached {
-        Some(c) if c.read == read && c.upto == upto => (c.notify, c.highlight),
-        Some(c) if c.read == read && c.upto < upto => {
-            let new = evaluate_range(state, view, access, me, c.upto, upto, MAX_COUNTED).await?;
-            let (n, h) = tally(&new);
-            (c.notify + n, c.highlight + h)
+    let cached = state.counts.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+    let counts = match cached {
+        Some(c) if c.marks == marks && c.upto == upto => c.counts,
+        Some(c) if c.marks == marks && c.upto < upto => {
+            let mut counts = c.counts;
+            counts.add(&evaluate_range(state, view, access, me, c.upto, upto, MAX_COUNTED).await?, &marks);
+            counts
         }
-        _ => tally(&evaluate_range(state, view, access, me, read, upto, MAX_COUNTED).await?),
+        _ => {
+            let mut counts = Counts::default();
+            let new = evaluate_range(state, view, access, me, marks.unthreaded, upto, MAX_COUNTED).await?;
+            counts.add(&new, &marks);
+            counts
+        }
     };
     state
         .counts
         .entries
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(key, Cached { read, upto, notify, highlight });
-    Ok((notify, highlight))
+        .insert(key, Cached { marks, upto, counts: counts.clone() });
+    Ok(counts)
 }
 
 /// Sends the notifying events among seqs `lo..=hi` of a room to the HTTP
@@ -304,7 +373,7 @@ async fn push_for_user(state: &AppState, room_id: &str, lo: i64, hi: i64, user: 
     let access = read::access(state, &view, &user_id).await?;
     let me = Requester { user_id: user_id.clone(), device_id: "PUSHER".into(), is_admin: false };
     let events = evaluate_range(state, &view, &access, &me, lo - 1, hi, 100).await?;
-    let (unread, _) = counts(state, &view, &access, &me, hi).await?;
+    let unread = counts(state, &view, &access, &me, hi).await?.notify;
     for (loaded, outcome) in events.into_iter().rev() {
         if !outcome.notify {
             continue;

@@ -96,6 +96,10 @@ pub struct Config {
     /// Compare two JSON reports (A,B) instead of running; prints B/A and who is faster.
     #[arg(long, value_delimiter = ',', num_args = 1)]
     pub compare: Vec<PathBuf>,
+    /// Replies in one thread for the relations figures (`/relations` paged
+    /// through the thread, `/threads`, the root's bundle); 0 skips them.
+    #[arg(long, default_value_t = 1000)]
+    pub thread_replies: usize,
     /// Print progress lines on stderr.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub progress: bool,
@@ -603,6 +607,44 @@ impl Hs {
         Ok((n, v["end"].as_str().map(str::to_owned)))
     }
 
+    /// Sends an `m.text` reply in the thread of `root`; returns its event id.
+    pub async fn send_thread_reply(
+        &self,
+        user: &User,
+        room: &str,
+        root: &str,
+        txn: &str,
+        text: &str,
+    ) -> Res<String> {
+        let path = format!("{V3}/rooms/{}/send/m.room.message/{}", enc(room), enc(txn));
+        let body = json!({
+            "msgtype": "m.text",
+            "body": text,
+            "m.relates_to": { "rel_type": "m.thread", "event_id": root },
+        });
+        let (v, _) = self.ok("send", Method::PUT, &path, Some(&user.token), Some(&body)).await?;
+        Ok(v["event_id"].as_str().unwrap_or_default().to_owned())
+    }
+
+    /// One `/relations/{root}/m.thread` page backwards (limit 50); returns
+    /// the events in it and `next_batch`, if any.
+    pub async fn relations_page(
+        &self,
+        user: &User,
+        room: &str,
+        root: &str,
+        from: Option<&str>,
+    ) -> Res<(usize, Option<String>)> {
+        let mut path =
+            format!("/_matrix/client/v1/rooms/{}/relations/{}/m.thread?dir=b&limit=50", enc(room), enc(root));
+        if let Some(f) = from {
+            let _ = write!(path, "&from={}", enc(f));
+        }
+        let (v, _) = self.ok("relations", Method::GET, &path, Some(&user.token), None).await?;
+        let n = v["chunk"].as_array().map_or(0, Vec::len);
+        Ok((n, v["next_batch"].as_str().map(str::to_owned)))
+    }
+
     /// The server's name and version from Synapse's or seqline's
     /// `/_matrix/federation/v1/version`, when it answers.
     pub async fn version(&self) -> Option<String> {
@@ -828,6 +870,71 @@ async fn send_range(
     })
     .await?;
     Ok(done.into_iter().map(|(l, _)| l).collect())
+}
+
+/// Samples of the single requests in [`thread_figures`].
+const THREAD_SAMPLES: usize = 20;
+
+/// A thread of `config.thread_replies` replies to one root: the time to
+/// page all of it through `/relations` (limit 50), one `/threads` page and
+/// `/event` of the root (whose bundle counts the replies and carries the
+/// latest).
+async fn thread_figures(
+    hs: &Hs,
+    config: &Config,
+    reader: &User,
+    senders: &Arc<Vec<User>>,
+    room: &str,
+    run: &str,
+    report: &mut Report,
+) -> Res<()> {
+    let root = hs.send(reader, room, &format!("{run}-root"), "the thread's root").await?;
+    let (hs2, senders2, room2, run2, root2) = (
+        hs.clone(),
+        senders.clone(),
+        Arc::new(room.to_owned()),
+        Arc::new(run.to_owned()),
+        Arc::new(root.clone()),
+    );
+    let sent = pool(config.thread_replies, config.concurrency, move |i| {
+        let (hs, senders, room, run, root) =
+            (hs2.clone(), senders2.clone(), room2.clone(), run2.clone(), root2.clone());
+        async move {
+            let sender = &senders[i % senders.len()];
+            hs.send_thread_reply(sender, &room, &root, &format!("{run}-reply-{i}"), &format!("reply {i}"))
+                .await
+        }
+    })
+    .await?;
+    report.push("thread.replies", sent.len() as f64, "events", Better::Info);
+    let t = Instant::now();
+    let (mut pages, mut events, mut from) = (Vec::new(), 0, None::<String>);
+    loop {
+        let p = Instant::now();
+        let (n, next) = hs.relations_page(reader, room, &root, from.as_deref()).await?;
+        pages.push(ms(p.elapsed()));
+        events += n;
+        match next {
+            Some(next) if pages.len() <= config.thread_replies / 10 + 10 => from = Some(next),
+            _ => break,
+        }
+    }
+    report.push("relations.thread_ms", ms(t.elapsed()), "ms", Better::Lower);
+    report.push("relations.pages", pages.len() as f64, "pages", Better::Info);
+    report.push("relations.events", events as f64, "events", Better::Info);
+    report.lat("relations.page", &pages, &[50, 95]);
+    let threads_path = format!("/_matrix/client/v1/rooms/{}/threads?limit=10", enc(room));
+    let event_path = format!("{V3}/rooms/{}/event/{}", enc(room), enc(&root));
+    for (key, path) in [("threads", threads_path), ("thread.root_event", event_path)] {
+        let mut lat = Vec::with_capacity(THREAD_SAMPLES);
+        for _ in 0..THREAD_SAMPLES {
+            let t = Instant::now();
+            hs.ok(key, Method::GET, &path, Some(&reader.token), None).await?;
+            lat.push(ms(t.elapsed()));
+        }
+        report.lat(key, &lat, &[50, 95]);
+    }
+    Ok(())
 }
 
 /// Pages a user's whole visible history backwards, limit 50; returns the
@@ -1084,6 +1191,13 @@ async fn chapter(hs: &Hs, config: &Config, progress: &Progress, report: &mut Rep
     report.lat("wake", &lat, &[50, 95]);
     // The same sends' own latency (one at a time, nothing else running).
     report.lat("wake.send_alone", &send_lat, &[50]);
+    if config.thread_replies > 0 {
+        progress.say(&format!(
+            "a thread of {} replies: /relations, /threads, the root's bundle",
+            config.thread_replies
+        ));
+        thread_figures(hs, config, &cast.creator, &senders, &room, &run, report).await?;
+    }
     progress.say("done");
     Ok(())
 }

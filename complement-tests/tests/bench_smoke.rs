@@ -14,6 +14,7 @@ fn tiny(server: &Server) -> seqline_bench::Config {
     config.messages = 30;
     config.wake_samples = 3;
     config.sync_samples = 1;
+    config.thread_replies = 60;
     config.progress = false;
     config.db_path = Some(server.data_dir.join("seqline.db"));
     config
@@ -30,6 +31,9 @@ async fn bench_runs_the_chapter_on_a_tiny_size(backend: Backend) {
         seqline_bench::run(&tiny(&server)).await.unwrap_or_else(|e| panic!("bench: {e}\n{}", server.log()));
     assert_eq!(report.get("send.count"), Some(30.0), "{}", report.table());
     assert_eq!(report.get("wake.samples"), Some(3.0), "{}", report.table());
+    // The whole thread, in two pages of 50.
+    assert_eq!(report.get("relations.events"), Some(60.0), "{}", report.table());
+    assert_eq!(report.get("relations.pages"), Some(2.0), "{}", report.table());
     for key in [
         "register.rate",
         "join.rate",
@@ -38,6 +42,9 @@ async fn bench_runs_the_chapter_on_a_tiny_size(backend: Backend) {
         "messages.ben.events",
         "messages.cara.events",
         "messages.ben.p50_ms",
+        "relations.page.p50_ms",
+        "threads.p50_ms",
+        "thread.root_event.p50_ms",
         "sync.initial.full.bytes",
         "sync.initial.lazy.bytes",
         "wake.p50_ms",

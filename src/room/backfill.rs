@@ -94,6 +94,7 @@ pub async fn place(state: &AppState, room: &str, rules: &RoomVersionRules, batch
         let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
         let kind = pdu.kind.to_string();
         let membership = pdu.state_key.is_some().then(|| membership_of(&batch.known, &pdu.event_id));
+        let content = pdu.as_draft()?.content;
         events::insert_row(
             tx.conn(),
             &NewEvent {
@@ -110,6 +111,7 @@ pub async fn place(state: &AppState, room: &str, rules: &RoomVersionRules, batch
                 membership: membership.as_deref().filter(|_| kind == "m.room.member"),
                 prev_events: &prev,
                 auth_events: &auth,
+                relation: super::relations::relation_of(&content),
             },
         )
         .await?;
@@ -223,7 +225,7 @@ async fn apply_redactions(
         if let Some(target) = target
             && may_redact(rules, redaction, &target, room, &filled.after, &batch.known)
         {
-            events::set_redacted_by(tx.conn(), target.event_id.as_str(), redaction.event_id.as_str()).await?;
+            redact(tx, target.event_id.as_str(), redaction.event_id.as_str()).await?;
         }
     }
     for filled in &batch.events {
@@ -239,11 +241,18 @@ async fn apply_redactions(
             };
             let (power, create) = (parse(power)?, parse(create)?);
             if check_redaction(rules, &redaction, target, room, power.as_ref(), create.as_ref()) {
-                events::set_redacted_by(tx.conn(), target.event_id.as_str(), &redaction_id).await?;
+                redact(tx, target.event_id.as_str(), &redaction_id).await?;
             }
         }
     }
     Ok(())
+}
+
+/// Marks `target` redacted by `redaction`; its relation goes with its
+/// `m.relates_to`.
+async fn redact(tx: &mut storage::RoomTx, target: &str, redaction: &str) -> Result<()> {
+    events::set_redacted_by(tx.conn(), target, redaction).await?;
+    storage::relations::delete(tx.conn(), target).await
 }
 
 /// Whether `redaction`, with the state `at` it, may redact `target`.

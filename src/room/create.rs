@@ -196,6 +196,7 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
             membership: None,
             prev_events: &[],
             auth_events: &[],
+            relation: None,
         },
     )
     .await?;

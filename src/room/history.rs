@@ -233,17 +233,11 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
 /// are many small pieces costs a bounded number of seeks per page.
 const MAX_SPANS_PROBED: usize = 16;
 
-/// Whether an event the user may read lies at `from` or beyond it in `dir`
-/// (not past `to`): one index seek per readable span.
-async fn readable_event_beyond(
-    state: &AppState,
-    room_id: &str,
-    access: &Access,
-    dir: Dir,
-    from: i64,
-    to: Option<i64>,
-) -> Result<bool> {
-    let spans: Vec<(i64, i64)> = match dir {
+/// The user's readable spans from `from` (inclusive) on in `dir`, in that
+/// order, cut at `to` (exclusive going backwards, inclusive going forwards,
+/// as tokens mean).
+pub fn readable_spans(access: &Access, dir: Dir, from: i64, to: Option<i64>) -> Vec<(i64, i64)> {
+    match dir {
         Dir::Backward => access
             .ranges
             .descending_from(from)
@@ -256,8 +250,20 @@ async fn readable_event_beyond(
             .map(|(lo, hi)| (lo, to.map_or(hi, |t| hi.min(t))))
             .filter(|(lo, hi)| lo <= hi)
             .collect(),
-    };
-    for (i, (lo, hi)) in spans.into_iter().enumerate() {
+    }
+}
+
+/// Whether an event the user may read lies at `from` or beyond it in `dir`
+/// (not past `to`): one index seek per readable span.
+async fn readable_event_beyond(
+    state: &AppState,
+    room_id: &str,
+    access: &Access,
+    dir: Dir,
+    from: i64,
+    to: Option<i64>,
+) -> Result<bool> {
+    for (i, (lo, hi)) in readable_spans(access, dir, from, to).into_iter().enumerate() {
         if i >= MAX_SPANS_PROBED {
             return Ok(true);
         }

@@ -19,6 +19,7 @@ pub mod position;
 pub mod power;
 pub mod read;
 pub mod redaction;
+pub mod relations;
 pub mod remote;
 pub mod spaces;
 pub mod timeline;

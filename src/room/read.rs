@@ -311,6 +311,42 @@ pub fn format(view: &RoomView, loaded: &Loaded, requester: &Requester, history: 
     )
 }
 
+/// Formats a page of events for `requester` as [`format`] does, each with
+/// its bundled aggregations (`unsigned.m.relations`, see
+/// [`super::relations::bundles`]): the one formatting path of every event
+/// served to clients in a timeline.
+pub async fn format_events(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    requester: &Requester,
+    events: &[&Loaded],
+) -> Result<Vec<Value>> {
+    let mut bundles = super::relations::bundles(state, view, access, requester, events).await?;
+    Ok(events
+        .iter()
+        .map(|loaded| {
+            let mut event = format(view, loaded, requester, &access.history);
+            if let Some(bundle) = bundles.remove(loaded.pdu.event_id.as_str()) {
+                event["unsigned"]["m.relations"] = bundle;
+            }
+            event
+        })
+        .collect())
+}
+
+/// [`format_events`] of one event.
+pub async fn format_event(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    requester: &Requester,
+    loaded: &Loaded,
+) -> Result<Value> {
+    let mut out = format_events(state, view, access, requester, &[loaded]).await?;
+    Ok(out.pop().unwrap_or_default())
+}
+
 /// The seq as of which a user may see the room's state (see [`visible_state`]).
 fn state_horizon(view: &RoomView, access: &Access) -> Result<i64> {
     let last = view.room.last_seq;

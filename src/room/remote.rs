@@ -67,6 +67,7 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
             membership: Some("join"),
             prev_events: &prev,
             auth_events: &auth,
+            relation: None,
         },
     )
     .await?;

@@ -452,6 +452,7 @@ impl RoomWriter {
             membership: member_value(&draft.kind, &draft.content),
             prev_events: &prev_events,
             auth_events: &auth_events,
+            relation: super::relations::relation_of(&draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
         if let Some(key) = &draft.state_key {
@@ -495,6 +496,9 @@ impl RoomWriter {
         if let Some(target) = redacts {
             if events::by_id_tx(self.tx.conn(), target.as_str()).await?.is_some() {
                 events::set_redacted_by(self.tx.conn(), target.as_str(), pdu.event_id.as_str()).await?;
+                // A redacted event loses its content's `m.relates_to` (every
+                // room version's redaction algorithm drops it), so its relation.
+                crate::storage::relations::delete(self.tx.conn(), target.as_str()).await?;
             } else {
                 // Another server's redaction of an event we lack: it applies
                 // when the event arrives (here or through backfill).
@@ -541,6 +545,7 @@ impl RoomWriter {
             let power = self.power_levels().await?;
             if super::redaction::check(&redaction, &room, target, &room, &power).is_ok() {
                 events::set_redacted_by(self.tx.conn(), target.event_id.as_str(), &redaction_id).await?;
+                crate::storage::relations::delete(self.tx.conn(), target.event_id.as_str()).await?;
             }
         }
         Ok(())

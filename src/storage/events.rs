@@ -31,13 +31,16 @@ pub struct StoredEvent {
     pub txn_id: Option<String>,
 }
 
-type Row = (String, i64, String, String, Option<String>, Option<String>, Option<String>);
+pub(super) type Row = (String, i64, String, String, Option<String>, Option<String>, Option<String>);
 
-fn from_row((room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): Row) -> StoredEvent {
+pub(super) fn from_row(
+    (room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): Row,
+) -> StoredEvent {
     StoredEvent { room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id }
 }
 
-const COLUMNS: &str = "e.room_id, e.seq, e.event_id, e.json, e.redacted_by, e.txn_device_id, e.txn_id";
+pub(super) const COLUMNS: &str =
+    "e.room_id, e.seq, e.event_id, e.json, e.redacted_by, e.txn_device_id, e.txn_id";
 
 /// A state row `r` (of `state_runs` or `room_state`) with the event it names,
 /// placed (`e`) or outlier (`o`): the columns of [`RunRow`]. A placed event
@@ -88,6 +91,8 @@ pub struct NewEvent<'a> {
     pub prev_events: &'a [&'a str],
     /// Its `auth_events`.
     pub auth_events: &'a [&'a str],
+    /// Its `content.m.relates_to`, when that names a parent and a type.
+    pub relation: Option<super::relations::NewRelation<'a>>,
 }
 
 /// Appends an event at its seq with its DAG edges and, for state events,
@@ -123,7 +128,12 @@ pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()
     .bind(e.txn.map(|t| t.1))
     .execute(&mut *conn)
     .await?;
-    super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await
+    super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await?;
+    if let Some(relation) = e.relation {
+        super::relations::insert(conn, e.room_id, e.event_id, e.event_type, e.sender, e.seq, relation)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Makes `event_id` (placed or outlier) the current state for (type, state
@@ -405,6 +415,39 @@ pub async fn range(
     .fetch_all(&db.pool)
     .await?;
     Ok(rows.into_iter().map(from_row).collect())
+}
+
+/// The placed events among `ids`, in no particular order.
+pub async fn by_ids(db: &Db, ids: &[&str]) -> Result<Vec<StoredEvent>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(super::outliers::IDS_PER_QUERY) {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM events e WHERE e.event_id {}",
+            super::outliers::in_list(chunk.len())
+        );
+        let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        out.extend(query.fetch_all(&db.pool).await?.into_iter().map(from_row));
+    }
+    Ok(out)
+}
+
+/// The events of `room_id` at `seqs`, in no particular order.
+pub async fn at_seqs(db: &Db, room_id: &str, seqs: &[i64]) -> Result<Vec<StoredEvent>> {
+    let mut out = Vec::with_capacity(seqs.len());
+    for chunk in seqs.chunks(super::outliers::IDS_PER_QUERY) {
+        let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
+        let sql =
+            format!("SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq IN ({})", list.join(", "));
+        let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql)).bind(room_id);
+        for seq in chunk {
+            query = query.bind(*seq);
+        }
+        out.extend(query.fetch_all(&db.pool).await?.into_iter().map(from_row));
+    }
+    Ok(out)
 }
 
 /// The room's state as of seq `at` (each key's latest `state_runs` row at or

@@ -20,6 +20,7 @@ pub mod media;
 pub mod memberships;
 pub mod outliers;
 pub mod receipts;
+pub mod relations;
 pub mod rooms;
 pub mod server_keys;
 pub mod state_runs;
@@ -163,6 +164,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
+    (22, "event_relations", include_str!("../../migrations/sqlite/0022_event_relations.sql")),
     (24, "pending_redactions", include_str!("../../migrations/sqlite/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/sqlite/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/sqlite/0026_one_time_key_order.sql")),
@@ -189,6 +191,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
+    (22, "event_relations", include_str!("../../migrations/postgres/0022_event_relations.sql")),
     (24, "pending_redactions", include_str!("../../migrations/postgres/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/postgres/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/postgres/0026_one_time_key_order.sql")),

@@ -531,6 +531,7 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
                 membership: Some("join"),
                 prev_events: &["$creator", "$topic"],
                 auth_events: &["$create", "$power", "$rules"],
+                relation: None,
             },
         )
         .await
@@ -621,6 +622,7 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
                 membership: None,
                 prev_events: &["$join"],
                 auth_events: &["$create", "$power"],
+                relation: None,
             },
         )
         .await
@@ -698,6 +700,7 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
                 membership: None,
                 prev_events: &["$topic2"],
                 auth_events: &["$create", "$power"],
+                relation: None,
             },
         )
         .await

@@ -85,6 +85,8 @@ pub struct SyncFilter {
     pub include_redundant_members: bool,
     /// State event selection.
     pub state: EventFilter,
+    /// Count thread replies apart (`unread_thread_notifications`).
+    pub unread_thread_notifications: bool,
 }
 
 /// What the client asked for.
@@ -208,8 +210,16 @@ async fn seq_at(state: &AppState, room_id: &str, stream: i64) -> Result<i64> {
     events::seq_at_stream(&state.db, room_id, stream).await
 }
 
-fn format_events(view: &RoomView, events: &[Loaded], me: &Requester, access: &Access) -> Vec<Value> {
-    events.iter().map(|e| read::format(view, e, me, &access.history)).collect()
+/// A timeline's events as served, with their bundled aggregations.
+async fn format_events(
+    state: &AppState,
+    view: &RoomView,
+    events: &[Loaded],
+    me: &Requester,
+    access: &Access,
+) -> Result<Vec<Value>> {
+    let refs: Vec<&Loaded> = events.iter().collect();
+    read::format_events(state, view, access, me, &refs).await
 }
 
 async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) -> Result<(Value, bool)> {
@@ -542,7 +552,10 @@ async fn joined_room(
         ephemeral.push(json!({ "type": "m.typing", "content": { "user_ids": users } }));
     }
     let changed = receipts::changed(&state.db, room_id, since.stream, now.stream).await?;
-    let mut content = Map::new();
+    // One user may hold receipts of one type at one event in several threads
+    // (unthreaded and threaded, say): a receipt event holds one per (event,
+    // type, user), so the others go in further events (matrix-spec#1727).
+    let mut contents: Vec<Map<String, Value>> = Vec::new();
     for r in changed {
         if r.receipt_type == "m.read.private" && r.user_id != me.user_id.as_str() {
             continue;
@@ -551,10 +564,20 @@ async fn joined_room(
         if !r.thread_id.is_empty() {
             receipt["thread_id"] = json!(r.thread_id);
         }
-        let entry = content.entry(r.event_id.clone()).or_insert_with(|| json!({}));
+        let free = |c: &Map<String, Value>| {
+            c.get(&r.event_id).is_none_or(|e| e[&r.receipt_type].get(&r.user_id).is_none())
+        };
+        let i = match contents.iter().position(free) {
+            Some(i) => i,
+            None => {
+                contents.push(Map::new());
+                contents.len() - 1
+            }
+        };
+        let entry = contents[i].entry(r.event_id.clone()).or_insert_with(|| json!({}));
         entry[&r.receipt_type][&r.user_id] = receipt;
     }
-    if !content.is_empty() {
+    for content in contents {
         ephemeral.push(json!({ "type": "m.receipt", "content": content }));
     }
 
@@ -566,11 +589,16 @@ async fn joined_room(
     if !initial && !req.full_state && !news {
         return Ok(None);
     }
-    let (notify, highlight) = crate::notify::counts(state, view, access, me, now_seq).await?;
+    let counts = crate::notify::counts(state, view, access, me, now_seq).await?;
+    let (notify, highlight) = if req.filter.unread_thread_notifications {
+        counts.main()
+    } else {
+        (counts.notify, counts.highlight)
+    };
     let prev_batch = history::token(start - 1);
     let mut room = json!({
         "timeline": {
-            "events": format_events(view, &timeline_events, me, access),
+            "events": format_events(state, view, &timeline_events, me, access).await?,
             "limited": limited,
             "prev_batch": prev_batch,
         },
@@ -579,6 +607,14 @@ async fn joined_room(
         "unread_notifications": { "notification_count": notify, "highlight_count": highlight },
         "summary": summary(state, view, &me.user_id).await?,
     });
+    if req.filter.unread_thread_notifications && !counts.threads.is_empty() {
+        let threads: Map<String, Value> = counts
+            .threads
+            .iter()
+            .map(|(root, (n, h))| (root.clone(), json!({ "notification_count": n, "highlight_count": h })))
+            .collect();
+        room["unread_thread_notifications"] = Value::Object(threads);
+    }
     room[state_key] = json!({ "events": state_events });
     Ok(Some(room))
 }
@@ -608,7 +644,7 @@ async fn left_room(
     };
     let mut room = json!({
         "timeline": {
-            "events": format_events(view, &timeline_events, me, access),
+            "events": format_events(state, view, &timeline_events, me, access).await?,
             "limited": limited,
             "prev_batch": history::token(start - 1),
         },

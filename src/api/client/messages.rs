@@ -67,7 +67,7 @@ pub(super) async fn position(state: &AppState, view: &RoomView, token: &str) -> 
 
 /// 403 for a room the user may read nothing of and was never in, and for a
 /// room they forgot (its history is gone for them).
-async fn require_some_access(
+pub(super) async fn require_some_access(
     state: &AppState,
     view: &RoomView,
     me: &Requester,
@@ -145,7 +145,7 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
     }
     let mut body = json!({
         "start": history::token(from),
-        "chunk": format_all(&view, &page.events, me, &access),
+        "chunk": read::format_events(&state, &view, &access, me, &page.events.iter().collect::<Vec<_>>()).await?,
     });
     // A filtered page that found something also ends with a token, as
     // other servers answer and clients expect (the next page, empty, has
@@ -226,12 +226,18 @@ async fn context(state: AppState, req: Ruma<get_context::v3::Request>) -> Result
         }
         out
     };
+    // One batch of bundled aggregations for the whole answer.
+    let all: Vec<&Loaded> = before.iter().chain(std::iter::once(&event)).chain(after.iter()).collect();
+    let mut formatted = read::format_events(&state, &view, &access, me, &all).await?;
+    let events_after = formatted.split_off(before.len() + 1);
+    let event_json = formatted.pop().unwrap_or_default();
+    let events_before = formatted;
     let mut body = json!({
         "start": history::token(start),
         "end": history::token(end),
-        "events_before": format_all(&view, &before, me, &access),
-        "event": read::format(&view, &event, me, &access.history),
-        "events_after": format_all(&view, &after, me, &access),
+        "events_before": events_before,
+        "event": event_json,
+        "events_after": events_after,
         "state": state_events,
     });
     if let Some(fields) = fields {

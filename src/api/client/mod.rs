@@ -12,6 +12,7 @@ mod messages;
 mod presence;
 mod profile;
 mod push;
+mod relations;
 mod rooms;
 mod seqline;
 mod session;
@@ -35,6 +36,7 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = ephemeral::routes(router);
     let router = profile::routes(router);
     let router = push::routes(router);
+    let router = relations::routes(router);
     let router = keys::routes(router);
     let router = backup::routes(router);
     let router = presence::routes(router);

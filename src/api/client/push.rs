@@ -180,7 +180,7 @@ async fn notifications(state: AppState, req: Ruma<get_notifications::v3::Request
             ruma::OwnedRoomId::try_from(room.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
         let view = crate::room::read::open(&state, &room_id).await?;
         let access = crate::room::read::access(&state, &view, &me.user_id).await?;
-        let read = crate::notify::read_up_to(&state, &room, &me.user_id).await?;
+        let marks = crate::notify::read_marks(&state, &room, &me.user_id).await?;
         let events = crate::notify::evaluate_range(
             &state,
             &view,
@@ -206,7 +206,7 @@ async fn notifications(state: AppState, req: Ruma<get_notifications::v3::Request
             }
             found.push((
                 ts,
-                json!({ "room_id": room, "event": event, "read": loaded.stored.seq <= read, "ts": ts, "actions": actions }),
+                json!({ "room_id": room, "event": event, "read": marks.is_read(loaded.stored.seq, crate::room::relations::thread_of(&loaded).as_deref()), "ts": ts, "actions": actions }),
             ));
         }
     }

@@ -250,7 +250,7 @@ async fn get_event(state: AppState, req: Ruma<get_room_event::v3::Request>) -> R
     if loaded.stored.room_id != req.body.room_id.as_str() || !access.ranges.contains(loaded.stored.seq) {
         return Err(not_found());
     }
-    Ok(read::format(&view, &loaded, me, &access.history))
+    read::format_event(&state, &view, &access, me, &loaded).await
 }
 
 async fn joined_rooms_list(

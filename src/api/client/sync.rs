@@ -65,6 +65,7 @@ fn sync_filter(def: &FilterDefinition) -> Result<SyncFilter> {
         lazy_load_members: lazy.is_some(),
         include_redundant_members: lazy.unwrap_or(false),
         state: super::messages::event_filter(&room.state)?,
+        unread_thread_notifications: room.timeline.unread_thread_notifications,
     })
 }
 
