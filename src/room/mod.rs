@@ -19,6 +19,7 @@ pub mod power;
 pub mod read;
 pub mod redaction;
 pub mod remote;
+pub mod search;
 pub mod timeline;
 pub mod visibility;
 

@@ -90,7 +90,8 @@ pub struct NewEvent<'a> {
     pub auth_events: &'a [&'a str],
 }
 
-/// Appends an event at its seq with its DAG edges and, for state events,
+/// Appends an event at its seq with its DAG edges, its searchable text
+/// ([`super::search::index`]) and, for state events,
 /// records the change in `state_runs` (the state after an accepted state
 /// event holds it for its own key) and makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
@@ -112,6 +113,7 @@ pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     .execute(&mut *conn)
     .await?;
     super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await?;
+    super::search::index(conn, e).await?;
     if let Some(state_key) = e.state_key {
         super::state_runs::record(conn, e.room_id, e.event_type, state_key, e.seq, Some(e.event_id)).await?;
         set_current(conn, e.room_id, e.event_type, state_key, e.event_id, e.membership, e.seq).await?;
@@ -206,14 +208,15 @@ pub async fn by_id_tx(conn: &mut AnyConnection, event_id: &str) -> Result<Option
     Ok(row.map(from_row))
 }
 
-/// Marks `target` as redacted by `redaction`.
+/// Marks `target` as redacted by `redaction` and takes its text out of the
+/// search index.
 pub async fn set_redacted_by(conn: &mut AnyConnection, target: &str, redaction: &str) -> Result<()> {
     sqlx::query("UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL")
         .bind(redaction)
         .bind(target)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    super::search::unindex(conn, target).await
 }
 
 /// A device's transaction.

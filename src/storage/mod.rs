@@ -20,6 +20,7 @@ pub mod memberships;
 pub mod outliers;
 pub mod receipts;
 pub mod rooms;
+pub mod search;
 pub mod server_keys;
 pub mod state_runs;
 pub mod uia;
@@ -162,6 +163,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/sqlite/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
+    (23, "event_search", include_str!("../../migrations/sqlite/0023_event_search.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -185,6 +187,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (18, "federation_rooms", include_str!("../../migrations/postgres/0018_federation_rooms.sql")),
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
+    (23, "event_search", include_str!("../../migrations/postgres/0023_event_search.sql")),
 ];
 
 impl Db {
@@ -337,6 +340,8 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+#[cfg(test)]
+mod search_tests;
 #[cfg(test)]
 mod sparse_tests;
 #[cfg(test)]

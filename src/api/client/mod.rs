@@ -13,6 +13,7 @@ mod presence;
 mod profile;
 mod push;
 mod rooms;
+mod search;
 mod seqline;
 mod session;
 mod sync;
@@ -38,5 +39,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = keys::routes(router);
     let router = backup::routes(router);
     let router = presence::routes(router);
+    let router = search::routes(router);
     rooms::routes(router)
 }
