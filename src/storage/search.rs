@@ -180,8 +180,11 @@ fn build(backend: Backend, q: &Query<'_>) -> Sql {
     let mut conds = Vec::new();
     match backend {
         Backend::Sqlite => {
+            // CROSS JOIN keeps the full-text match the outer loop: SQLite
+            // may otherwise walk event_search by room and run the match
+            // once per row (quadratic: minutes on 100k messages).
             sql.from_where = format!(
-                "FROM event_search_fts JOIN event_search s ON s.id = event_search_fts.rowid \
+                "FROM event_search_fts CROSS JOIN event_search s ON s.id = event_search_fts.rowid \
                  WHERE event_search_fts MATCH {expr}"
             );
             sql.rank = "-bm25(event_search_fts)";
