@@ -24,7 +24,7 @@ const VOCABULARY: [&str; 24] = [
 pub fn message_text(k: usize) -> String {
     let mut words = vec!["note"];
     for (every, word) in [(10, "alpha"), (100, "bravo"), (1000, "charlie")] {
-        if k % every == 0 {
+        if k.is_multiple_of(every) {
             words.push(word);
         }
     }
