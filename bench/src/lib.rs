@@ -22,6 +22,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 pub mod federation;
+mod search;
 
 /// The benchmark's settings (also its command line).
 #[derive(Debug, Clone, Parser)]
@@ -93,6 +94,14 @@ pub struct Config {
     /// Growth series: /messages pages (limit 50) read backwards from the newest event at each size.
     #[arg(long, default_value_t = 100)]
     pub growth_pages: usize,
+    /// Search series instead of the chapter: fill one room with this many
+    /// messages, then time `POST /search` (p50, p95) for terms matching all,
+    /// a tenth, a hundredth, a thousandth and none of them.
+    #[arg(long)]
+    pub search: Option<usize>,
+    /// Search series: requests per term and order.
+    #[arg(long, default_value_t = 20)]
+    pub search_samples: usize,
     /// Compare two JSON reports (A,B) instead of running; prints B/A and who is faster.
     #[arg(long, value_delimiter = ',', num_args = 1)]
     pub compare: Vec<PathBuf>,
@@ -1121,7 +1130,9 @@ pub async fn run(config: &Config) -> Res<Report> {
     if let Some(v) = hs.version().await {
         report.notes.push(format!("server: {v}"));
     }
-    if !config.growth.is_empty() {
+    if config.search.is_some() {
+        search::series(&hs, config, &progress, &mut report).await?;
+    } else if !config.growth.is_empty() {
         growth(&hs, config, &progress, &mut report).await?;
     } else {
         chapter(&hs, config, &progress, &mut report).await?;

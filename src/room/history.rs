@@ -59,16 +59,17 @@ impl EventFilter {
             && self.contains_url.is_none()
     }
 
+    /// Whether the filter's types and not_types let events of type `kind` through.
+    pub fn allows_type(&self, kind: &str) -> bool {
+        !self.not_types.iter().any(|p| type_matches(p, kind))
+            && self.types.as_ref().is_none_or(|types| types.iter().any(|p| type_matches(p, kind)))
+    }
+
     /// Whether the filter lets `loaded` through.
     pub fn allows(&self, loaded: &Loaded) -> bool {
         let kind = loaded.pdu.kind.to_string();
         let sender = loaded.pdu.sender.as_str();
-        if self.not_types.iter().any(|p| type_matches(p, &kind)) {
-            return false;
-        }
-        if let Some(types) = &self.types
-            && !types.iter().any(|p| type_matches(p, &kind))
-        {
+        if !self.allows_type(&kind) {
             return false;
         }
         if self.not_senders.iter().any(|s| s == sender) {

@@ -95,7 +95,8 @@ pub struct NewEvent<'a> {
     pub relation: Option<super::relations::NewRelation<'a>>,
 }
 
-/// Appends an event at its seq with its DAG edges and, for state events,
+/// Appends an event at its seq with its DAG edges, its searchable text
+/// ([`super::search::index`]) and, for state events,
 /// records the change in `state_runs` (the state after an accepted state
 /// event holds it for its own key) and makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
@@ -133,6 +134,7 @@ pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()
         super::relations::insert(conn, e.room_id, e.event_id, e.event_type, e.sender, e.seq, relation)
             .await?;
     }
+    super::search::index(conn, e).await?;
     Ok(())
 }
 
@@ -237,14 +239,15 @@ pub async fn by_id_tx(conn: &mut AnyConnection, event_id: &str) -> Result<Option
     Ok(row.map(from_row))
 }
 
-/// Marks `target` as redacted by `redaction`.
+/// Marks `target` as redacted by `redaction` and takes its text out of the
+/// search index.
 pub async fn set_redacted_by(conn: &mut AnyConnection, target: &str, redaction: &str) -> Result<()> {
     sqlx::query("UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL")
         .bind(redaction)
         .bind(target)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    super::search::unindex(conn, target).await
 }
 
 /// A device's transaction.

@@ -22,6 +22,7 @@ pub mod outliers;
 pub mod receipts;
 pub mod relations;
 pub mod rooms;
+pub mod search;
 pub mod server_keys;
 pub mod state_runs;
 pub mod uia;
@@ -165,6 +166,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (19, "remote_invites", include_str!("../../migrations/sqlite/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/sqlite/0020_sparse_positions.sql")),
     (22, "event_relations", include_str!("../../migrations/sqlite/0022_event_relations.sql")),
+    (23, "event_search", include_str!("../../migrations/sqlite/0023_event_search.sql")),
     (24, "pending_redactions", include_str!("../../migrations/sqlite/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/sqlite/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/sqlite/0026_one_time_key_order.sql")),
@@ -192,6 +194,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (19, "remote_invites", include_str!("../../migrations/postgres/0019_remote_invites.sql")),
     (20, "sparse_positions", include_str!("../../migrations/postgres/0020_sparse_positions.sql")),
     (22, "event_relations", include_str!("../../migrations/postgres/0022_event_relations.sql")),
+    (23, "event_search", include_str!("../../migrations/postgres/0023_event_search.sql")),
     (24, "pending_redactions", include_str!("../../migrations/postgres/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/postgres/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/postgres/0026_one_time_key_order.sql")),
@@ -351,6 +354,8 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+#[cfg(test)]
+mod search_tests;
 #[cfg(test)]
 mod sparse_tests;
 #[cfg(test)]

@@ -313,11 +313,14 @@ async fn migration_to_sparse_positions_keeps_every_answer() {
             format!("UPDATE user_room_floors SET {}", d("floor_seq")),
             format!("UPDATE rooms SET {}, {}", d("last_seq"), d("floor_seq")),
             // The later migrations that copy positions run again after it
-            // (0022 refills event_relations from the events at their new
-            // positions; the code reading the dense database finds its
-            // table, empty); the others stay applied.
+            // (0022 refills event_relations and 0023 builds the search index
+            // from the events at their new positions; the code reading the
+            // dense database finds their tables empty); the others stay
+            // applied.
             "DELETE FROM event_relations".to_owned(),
-            "DELETE FROM _sqlx_migrations WHERE version IN (20, 22)".to_owned(),
+            "DROP TABLE IF EXISTS event_search_fts".to_owned(),
+            "DROP TABLE event_search".to_owned(),
+            "DELETE FROM _sqlx_migrations WHERE version IN (20, 22, 23)".to_owned(),
         ] {
             sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&db.pool).await.unwrap();
         }

@@ -14,6 +14,7 @@ mod profile;
 mod push;
 mod relations;
 mod rooms;
+mod search;
 mod seqline;
 mod session;
 mod sync;
@@ -40,5 +41,6 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = keys::routes(router);
     let router = backup::routes(router);
     let router = presence::routes(router);
+    let router = search::routes(router);
     rooms::routes(router)
 }
