@@ -24,6 +24,7 @@ pub mod remote;
 pub mod search;
 pub mod spaces;
 pub mod timeline;
+pub mod upgrade;
 pub mod version;
 pub mod visibility;
 

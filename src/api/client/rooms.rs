@@ -34,7 +34,26 @@ pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route_json(router, joined_members_list);
     let router = route_json(router, members);
     let router = route_json(router, hierarchy);
+    let router = route(router, upgrade);
     route(router, redact)
+}
+
+/// `POST /rooms/{roomId}/upgrade` (`room::upgrade`).
+async fn upgrade(
+    state: AppState,
+    req: Ruma<ruma::api::client::room::upgrade_room::v3::Request>,
+) -> Result<ruma::api::client::room::upgrade_room::v3::Response> {
+    let me = req.requester()?;
+    let b = &req.body;
+    let new_room = crate::room::upgrade::upgrade(
+        &state,
+        &me.user_id,
+        &b.room_id,
+        b.new_version.clone(),
+        b.additional_creators.clone(),
+    )
+    .await?;
+    Ok(ruma::api::client::room::upgrade_room::v3::Response::new(new_room))
 }
 
 /// `GET /v1/rooms/{roomId}/hierarchy`: the rooms a space links to, as the

@@ -1,0 +1,76 @@
+//! Room upgrades: the new room names its predecessor and carries the old
+//! one's state; the old room gets its tombstone and goes quiet; aliases move;
+//! only who may send the tombstone upgrades.
+
+use complement_tests::api::{V3, assert_error, create_room, enc, join, room_path, text};
+use complement_tests::backend_tests;
+use complement_tests::harness::{Backend, Server, User};
+use serde_json::{Value, json};
+
+backend_tests!(an_upgrade_replaces_the_room);
+
+async fn state(server: &Server, user: &User, room: &str, kind: &str) -> (u16, Value) {
+    server.get(&room_path(room, &format!("/state/{kind}/")), Some(&user.token)).await
+}
+
+async fn an_upgrade_replaces_the_room(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(
+        &server,
+        &alice,
+        json!({ "room_version": "10", "preset": "public_chat", "name": "Old name", "topic": "Old topic",
+                "room_alias_name": "town" }),
+    )
+    .await;
+    join(&server, &bob, &room).await;
+    let upgrade = format!("{V3}/rooms/{}/upgrade", enc(&room));
+
+    // Bob may not; an unknown version is refused.
+    let answer = server.post(&upgrade, Some(&bob.token), json!({ "new_version": "12" })).await;
+    assert_error(&answer, 403, "M_FORBIDDEN", "a member without the tombstone's power");
+    let answer = server.post(&upgrade, Some(&alice.token), json!({ "new_version": "99" })).await;
+    assert_error(&answer, 400, "M_UNSUPPORTED_ROOM_VERSION", "an unknown version");
+
+    let (status, body) = server.post(&upgrade, Some(&alice.token), json!({ "new_version": "12" })).await;
+    assert_eq!(status, 200, "{body}");
+    let new_room = body["replacement_room"].as_str().unwrap().to_owned();
+    assert_ne!(new_room, room);
+
+    // The new room: its predecessor, the old state, no creator in the power levels.
+    let (_, create) = state(&server, &alice, &new_room, "m.room.create").await;
+    assert_eq!(create["room_version"], "12");
+    assert_eq!(create["predecessor"]["room_id"], room.as_str(), "{create}");
+    let (_, name) = state(&server, &alice, &new_room, "m.room.name").await;
+    assert_eq!(name["name"], "Old name");
+    let (_, topic) = state(&server, &alice, &new_room, "m.room.topic").await;
+    assert_eq!(topic["topic"], "Old topic");
+    let (_, rules) = state(&server, &alice, &new_room, "m.room.join_rules").await;
+    assert_eq!(rules["join_rule"], "public");
+    let (_, power) = state(&server, &alice, &new_room, "m.room.power_levels").await;
+    assert!(power["users"].get(&alice.user_id).is_none(), "{power}");
+
+    // The old room: its tombstone, and ordinary members quiet.
+    let (status, tombstone) = state(&server, &alice, &room, "m.room.tombstone").await;
+    assert_eq!(status, 200, "{tombstone}");
+    assert_eq!(tombstone["replacement_room"], new_room.as_str());
+    let (status, _) =
+        server.put(&room_path(&room, "/send/m.room.message/b1"), Some(&bob.token), text("hi")).await;
+    assert_eq!(status, 403, "bob can no longer talk in the old room");
+
+    // The alias now leads to the new room, which holds it as canonical.
+    let (status, alias) = server.get(&format!("{V3}/directory/room/{}", enc("#town:test.local")), None).await;
+    assert_eq!(status, 200, "{alias}");
+    assert_eq!(alias["room_id"], new_room.as_str());
+    let (_, canonical) = state(&server, &alice, &new_room, "m.room.canonical_alias").await;
+    assert_eq!(canonical["alias"], "#town:test.local", "{canonical}");
+    let (_, old_canonical) = state(&server, &alice, &room, "m.room.canonical_alias").await;
+    assert!(old_canonical.get("alias").is_none(), "{old_canonical}");
+
+    // Bob follows into the new room.
+    join(&server, &bob, &new_room).await;
+    let (status, _) =
+        server.put(&room_path(&new_room, "/send/m.room.message/b2"), Some(&bob.token), text("here")).await;
+    assert_eq!(status, 200);
+}
