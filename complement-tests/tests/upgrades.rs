@@ -25,6 +25,15 @@ async fn an_upgrade_replaces_the_room(backend: Backend) {
     )
     .await;
     join(&server, &bob, &room).await;
+    // Bob's push rule and tag for the room go with it.
+    let rule = |room: &str| format!("{V3}/pushrules/global/room/{}", enc(room));
+    let (status, body) =
+        server.put(&rule(&room), Some(&bob.token), json!({ "actions": ["dont_notify"] })).await;
+    assert_eq!(status, 200, "{body}");
+    let tags = |room: &str| format!("{V3}/user/{}/rooms/{}/tags", enc(&bob.user_id), enc(room));
+    let (status, body) =
+        server.put(&format!("{}/u.work", tags(&room)), Some(&bob.token), json!({ "order": 0.5 })).await;
+    assert_eq!(status, 200, "{body}");
     let upgrade = format!("{V3}/rooms/{}/upgrade", enc(&room));
 
     // Bob may not; an unknown version is refused.
@@ -67,6 +76,12 @@ async fn an_upgrade_replaces_the_room(backend: Backend) {
     assert_eq!(canonical["alias"], "#town:test.local", "{canonical}");
     let (_, old_canonical) = state(&server, &alice, &room, "m.room.canonical_alias").await;
     assert!(old_canonical.get("alias").is_none(), "{old_canonical}");
+
+    let (status, copied) = server.get(&rule(&new_room), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{copied}");
+    assert_eq!(copied["actions"], json!(["dont_notify"]), "{copied}");
+    let (_, new_tags) = server.get(&tags(&new_room), Some(&bob.token)).await;
+    assert_eq!(new_tags["tags"]["u.work"]["order"], 0.5, "{new_tags}");
 
     // Bob follows into the new room.
     join(&server, &bob, &new_room).await;

@@ -134,6 +134,8 @@ pub async fn upgrade(
     )
     .await?;
 
+    carry_over_user_settings(state, room, &new_room).await?;
+
     // The tombstone, then the old room quietened.
     let tombstone = json!({ "body": "This room has been replaced", "replacement_room": new_room });
     super::timeline::append(state, old, &state_draft(user, "m.room.tombstone", tombstone)?, None).await?;
@@ -168,4 +170,40 @@ pub async fn upgrade(
         }
     }
     Ok(new_room)
+}
+
+/// Each local member's room push rule and tags of the old room, copied to
+/// the new one (as they set them, under the new room's id).
+async fn carry_over_user_settings(state: &AppState, old: &str, new_room: &RoomId) -> Result<()> {
+    for member in events::joined_members(&state.db, old).await? {
+        let Ok(user) = UserId::parse(&member) else { continue };
+        if user.server_name() != state.settings.server_name {
+            continue;
+        }
+        let mut rules = crate::notify::ruleset(state, &user).await?;
+        let copied: Vec<_> = rules
+            .room
+            .iter()
+            .filter(|r| r.rule_id.as_str() == old)
+            .map(|r| {
+                let mut rule = r.clone();
+                rule.rule_id = new_room.to_owned();
+                rule
+            })
+            .collect();
+        if !copied.is_empty() {
+            for rule in copied {
+                rules.room.replace(rule);
+            }
+            let content = json!({ "global": rules });
+            crate::sync::writes::set_account_data(state, &user, None, "m.push_rules", &content).await?;
+        }
+        if let Some(tags) = crate::storage::account_data::get(&state.db, user.as_str(), old, "m.tag").await? {
+            let tags: Value = serde_json::from_str(&tags).unwrap_or_else(|_| json!({}));
+            if tags["tags"].as_object().is_some_and(|t| !t.is_empty()) {
+                crate::sync::writes::set_account_data(state, &user, Some(new_room), "m.tag", &tags).await?;
+            }
+        }
+    }
+    Ok(())
 }
