@@ -22,6 +22,7 @@ backend_tests!(
     device_lists_follow_who_shares_a_room,
     a_filtered_messages_page_that_found_events_has_an_end,
     members_at_a_sync_token,
+    presence_of_a_newly_shared_member_arrives,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -332,4 +333,30 @@ async fn members_at_a_sync_token(backend: Backend) {
     let mut both = vec![alice.user_id.clone(), bob.user_id.clone()];
     both.sort();
     assert_eq!(members(now).await, both);
+}
+
+/// Someone who comes to share a room shows up in `/sync`'s presence with
+/// their presence as it stands, though it did not change in the window.
+async fn presence_of_a_newly_shared_member_arrives(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let path = format!("{V3}/presence/{}/status", enc(&alice.user_id));
+    let (status, _) =
+        server.put(&path, Some(&alice.token), json!({ "presence": "online", "status_msg": "here" })).await;
+    assert_eq!(status, 200);
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    let since = sync_once(&server, &bob, None).await["next_batch"].as_str().unwrap().to_owned();
+    join(&server, &bob, &room).await;
+    let (status, body) =
+        server.get(&format!("{V3}/sync?since={}&timeout=0", enc(&since)), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{body}");
+    let presence: Vec<&serde_json::Value> = body["presence"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["sender"] == alice.user_id.as_str())
+        .collect();
+    assert_eq!(presence.len(), 1, "{body}");
+    assert_eq!(presence[0]["content"]["status_msg"], "here");
 }

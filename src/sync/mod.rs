@@ -381,7 +381,25 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         Vec::new()
     } else {
         let peers = room_peers(state, &me.user_id).await?;
-        state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, crate::storage::now_ms())
+        let now_ms = crate::storage::now_ms();
+        let mut seen = state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, now_ms);
+        // Those who newly share a room: their presence as it stands, even
+        // if it did not change in the window.
+        if let Some(since) = req.since {
+            let newcomers: Vec<String> =
+                events::member_movers(&state.db, me.user_id.as_str(), since.stream, now.stream)
+                    .await?
+                    .into_iter()
+                    .filter(|(_, joined)| *joined)
+                    .map(|(user, _)| user)
+                    .collect();
+            for event in state.presence.events(&newcomers, None, now.stream, now_ms) {
+                if !seen.iter().any(|e| e["sender"] == event["sender"]) {
+                    seen.push(event);
+                }
+            }
+        }
+        seen
     };
     has_news |= !presence.is_empty();
 
