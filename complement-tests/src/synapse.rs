@@ -214,7 +214,18 @@ impl Synapse {
         }
         eprintln!("synapse {} started in {:.1} s", synapse.name, synapse.started_in.as_secs_f64());
 
-        // The federation listener is up too: it serves the key we made.
+        // The federation listener comes up a moment after the client one:
+        // wait until it accepts connections, then it must serve our key.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(synapse.name.as_str()).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Synapse's federation listener at {} never accepted a connection\n{}",
+                synapse.name,
+                tail(&synapse.log())
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         let (status, keys) = synapse.federation("GET", "/_matrix/key/v2/server", None).await;
         assert_eq!(
             (status, keys["verify_keys"][&synapse.key_id]["key"].as_str()),
