@@ -23,6 +23,7 @@ backend_tests!(
     a_filtered_messages_page_that_found_events_has_an_end,
     members_at_a_sync_token,
     presence_of_a_newly_shared_member_arrives,
+    a_joins_extra_content_is_kept,
 );
 
 async fn kicking_someone_not_in_the_room_is_forbidden(backend: Backend) {
@@ -359,4 +360,26 @@ async fn presence_of_a_newly_shared_member_arrives(backend: Backend) {
         .collect();
     assert_eq!(presence.len(), 1, "{body}");
     assert_eq!(presence[0]["content"]["status_msg"], "here");
+}
+
+/// Keys a client adds to a join (`reason`, custom ones) are kept in the
+/// member event; the server's own (membership, profile) are not overridden.
+async fn a_joins_extra_content_is_kept(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room =
+        create_room(&server, &alice, json!({ "preset": "public_chat", "room_alias_name": "hall" })).await;
+    let body = json!({ "reason": "hello", "foo": "bar", "membership": "leave", "displayname": "Not Bob" });
+    let (status, answer) =
+        server.post(&format!("{V3}/join/{}", enc("#hall:test.local")), Some(&bob.token), body).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, member) = server
+        .get(&room_path(&room, &format!("/state/m.room.member/{}", bob.user_id)), Some(&alice.token))
+        .await;
+    assert_eq!(status, 200, "{member}");
+    assert_eq!(member["membership"], "join");
+    assert_eq!(member["reason"], "hello");
+    assert_eq!(member["foo"], "bar", "{member}");
+    assert_eq!(member["displayname"], "bob", "{member}");
 }

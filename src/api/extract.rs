@@ -72,6 +72,9 @@ pub struct Ruma<T> {
     pub client_ip: Option<IpAddr>,
     /// The raw query string, for unstable parameter names ruma does not know.
     pub query: String,
+    /// The request body as sent (checked JSON when the endpoint takes one),
+    /// for keys ruma's request type has no place for.
+    pub raw_body: axum::body::Bytes,
 }
 
 impl<T> Ruma<T> {
@@ -159,7 +162,7 @@ where
         if let Some(requester) = &requester {
             limit_per_user(state, requester, &body)?;
         }
-        Ok(Self { body, requester, client_ip, query })
+        Ok(Self { body, requester, client_ip, query, raw_body: bytes })
     }
 }
 

@@ -68,6 +68,22 @@ async fn draft(state: &AppState, sender: &UserId, change: &Change) -> Result<Dra
     })
 }
 
+/// One's own join or knock with extra content keys the client sent (the
+/// server's own keys, membership, reason and profile, win over them).
+pub async fn own_change_with_content(
+    state: &AppState,
+    room_id: &RoomId,
+    change: Change,
+    extra: CanonicalJsonObject,
+) -> Result<Appended> {
+    let sender = change.target.clone();
+    let mut draft = draft(state, &sender, &change).await?;
+    for (key, value) in extra {
+        draft.content.entry(key).or_insert(value);
+    }
+    super::timeline::append(state, room_id, &draft, None).await
+}
+
 /// Applies one change.
 pub async fn change(state: &AppState, room_id: &RoomId, sender: &UserId, change: Change) -> Result<Appended> {
     bulk(state, room_id, sender, vec![change])

@@ -8,6 +8,7 @@ use ruma::api::client::membership::{
     ban_user, forget_room, invite_user, join_room_by_id, join_room_by_id_or_alias, kick_user, leave_room,
     unban_user,
 };
+use ruma::canonical_json::CanonicalJsonObject;
 use ruma::{OwnedRoomId, OwnedServerName, RoomId};
 
 use crate::api::extract::{Ruma, route};
@@ -39,18 +40,29 @@ async fn join_or_knock(
     me: &crate::account::Requester,
     membership: &'static str,
     reason: Option<String>,
+    extra: CanonicalJsonObject,
 ) -> Result<()> {
     if crate::storage::rooms::get(&state.db, room_id.as_str()).await?.is_none() {
         return Err(Error::NotFound("Unknown room".into()));
     }
-    membership::change(
-        state,
-        room_id,
-        &me.user_id,
-        Change { target: me.user_id.clone(), membership, reason },
-    )
-    .await?;
+    let change = Change { target: me.user_id.clone(), membership, reason };
+    if extra.is_empty() {
+        membership::change(state, room_id, &me.user_id, change).await?;
+    } else {
+        membership::own_change_with_content(state, room_id, change, extra).await?;
+    }
     Ok(())
+}
+
+/// The keys of a join or knock body beyond the ones the endpoint defines:
+/// they go into the member event's content (custom keys clients and
+/// bridges set); a body that is no object has none.
+fn extra_content(raw: &[u8]) -> CanonicalJsonObject {
+    let mut object: CanonicalJsonObject = serde_json::from_slice(raw).unwrap_or_default();
+    for defined in ["reason", "third_party_signed", "membership", "via", "server_name"] {
+        object.remove(defined);
+    }
+    object
 }
 
 /// Joins a room: here, when this server is in it (or it lives only here);
@@ -62,9 +74,10 @@ async fn join(
     me: &crate::account::Requester,
     reason: Option<String>,
     via: &[OwnedServerName],
+    extra: CanonicalJsonObject,
 ) -> Result<()> {
     if state.settings.federation.is_none() || is_here(state, room_id).await? {
-        return join_or_knock(state, room_id, me, "join", reason).await;
+        return join_or_knock(state, room_id, me, "join", reason, extra).await;
     }
     let mut servers: Vec<OwnedServerName> = Vec::new();
     if let Some(invite) = fed::remote_invite(&state.db, me.user_id.as_str(), room_id.as_str()).await?
@@ -107,7 +120,8 @@ async fn resolve(state: &AppState, target: &ruma::RoomOrAliasId) -> Result<Owned
 async fn knock(state: AppState, req: Ruma<knock_room::v3::Request>) -> Result<knock_room::v3::Response> {
     let me = req.requester()?;
     let room_id = resolve(&state, &req.body.room_id_or_alias).await?;
-    join_or_knock(&state, &room_id, me, "knock", req.body.reason.clone()).await?;
+    join_or_knock(&state, &room_id, me, "knock", req.body.reason.clone(), extra_content(&req.raw_body))
+        .await?;
     Ok(knock_room::v3::Response::new(room_id))
 }
 
@@ -116,7 +130,7 @@ async fn join_by_id(
     req: Ruma<join_room_by_id::v3::Request>,
 ) -> Result<join_room_by_id::v3::Response> {
     let me = req.requester()?;
-    join(&state, &req.body.room_id, me, req.body.reason.clone(), &[]).await?;
+    join(&state, &req.body.room_id, me, req.body.reason.clone(), &[], extra_content(&req.raw_body)).await?;
     Ok(join_room_by_id::v3::Response::new(req.body.room_id.clone()))
 }
 
@@ -130,7 +144,7 @@ async fn join_by_id_or_alias(
         Err(alias) => crate::room::directory::resolve(&state, alias).await?,
     };
     via.splice(0..0, req.body.via.iter().cloned());
-    join(&state, &room_id, me, req.body.reason.clone(), &via).await?;
+    join(&state, &room_id, me, req.body.reason.clone(), &via, extra_content(&req.raw_body)).await?;
     Ok(join_room_by_id_or_alias::v3::Response::new(room_id))
 }
 
