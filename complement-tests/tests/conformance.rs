@@ -161,6 +161,15 @@ async fn invites_from_ignored_users_are_not_shown(backend: Backend) {
     let invites = sync["rooms"]["invite"].as_object().unwrap();
     assert!(invites.contains_key(&from_carol), "{sync}");
     assert!(!invites.contains_key(&from_bob), "{sync}");
+    // The create event comes whole (MSC4311).
+    let create = invites[&from_carol]["invite_state"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "m.room.create")
+        .unwrap_or_else(|| panic!("no create event: {sync}"));
+    assert!(create["origin_server_ts"].is_i64() && create["event_id"].is_string(), "{create}");
+    assert_eq!(create["room_id"], from_carol.as_str());
 }
 
 async fn a_left_room_with_a_zero_timeline_limit_has_no_events(backend: Backend) {

@@ -726,9 +726,14 @@ async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<
             let content: Value = pdu.content_as().unwrap_or_default();
             let mut event =
                 json!({ "type": kind, "state_key": key, "content": content, "sender": pdu.sender });
-            if kind == "m.room.member" && key == me.as_str() {
+            // One's own member event, and the whole create event (MSC4311:
+            // clients check the room's identity from it).
+            if (kind == "m.room.member" && key == me.as_str()) || kind == "m.room.create" {
                 event["event_id"] = json!(pdu.event_id);
                 event["origin_server_ts"] = json!(pdu.origin_server_ts);
+            }
+            if kind == "m.room.create" {
+                event["room_id"] = json!(view.room.room_id);
             }
             out.push(event);
         }
