@@ -18,6 +18,7 @@ backend_tests!(
     seqline_user_joins_a_synapse_room_v2,
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
+    a_synapse_moderator_kicks_and_bans_a_seqline_user,
 );
 
 async fn synapse_invites_a_seqline_user_who_rejects(backend: Backend) {
@@ -335,4 +336,64 @@ async fn queued_events_reach_a_server_that_was_down(backend: Backend) {
         (seqline_bodies(&b, &bob, &room).await == ["while", "you were", "out"]).then_some(())
     })
     .await;
+}
+
+/// Moderation from the other side: the Synapse room's creator kicks alice
+/// of seqline (her /sync shows the room left, what is said afterwards never
+/// reaches her), she rejoins, and a ban keeps her out.
+async fn a_synapse_moderator_kicks_and_bans_a_seqline_user(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let bob = syn.register("bob", "pw").await;
+    let (status, created) = syn
+        .post(
+            &format!("{V3}/createRoom"),
+            Some(&bob.token),
+            json!({ "preset": "public_chat", "room_version": "12" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    let join_path = format!("{V3}/join/{}?server_name={}", enc(&room), enc(&syn.name));
+    let (status, body) = seq.server.post(&join_path, Some(&alice.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let since = sync_once(&seq.server, &alice, None).await["next_batch"].as_str().unwrap().to_owned();
+
+    let (status, body) = syn
+        .post(&room_path(&room, "/kick"), Some(&bob.token), json!({ "user_id": alice_id, "reason": "out" }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the kick in alice's sync", || async {
+        let sync = sync_once(&seq.server, &alice, Some(&since)).await;
+        sync["rooms"]["leave"][&room].is_object().then_some(())
+    })
+    .await;
+    let (status, _) = syn
+        .put(
+            &room_path(&room, "/send/m.room.message/k1"),
+            Some(&bob.token),
+            json!({ "msgtype": "m.text", "body": "after the kick" }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    // Sending is refused for her now, and she never reads what came after.
+    let (status, _) = seq
+        .server
+        .put(
+            &room_path(&room, "/send/m.room.message/a1"),
+            Some(&alice.token),
+            json!({ "msgtype": "m.text", "body": "still here?" }),
+        )
+        .await;
+    assert_eq!(status, 403);
+    let (_, page) = seq.server.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&alice.token)).await;
+    assert!(!message_bodies(&page).contains(&"after the kick".to_owned()), "{page}");
+
+    // A ban: her join is refused.
+    let (status, body) =
+        syn.post(&room_path(&room, "/ban"), Some(&bob.token), json!({ "user_id": alice_id })).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = seq.server.post(&join_path, Some(&alice.token), json!({})).await;
+    assert_eq!(status, 403, "{body}");
 }
