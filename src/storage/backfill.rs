@@ -137,6 +137,10 @@ pub async fn take_pending_redactions(
     .bind(room_id)
     .fetch_all(&mut *conn)
     .await?;
+    // Almost every event has none waiting: no write then.
+    if rows.is_empty() {
+        return Ok(rows);
+    }
     sqlx::query("DELETE FROM pending_redactions WHERE target_id = $1 AND room_id = $2")
         .bind(target_id)
         .bind(room_id)

@@ -178,31 +178,37 @@ pub async fn device_list_changes(
 /// `device_lists` of an incremental sync: `changed` holds the users whose
 /// devices or keys changed and who share a room with `me`, and those who
 /// newly share one (they joined a room of `me`'s, or `me` joined theirs);
-/// `left` those who shared a room and share none any more.
+/// `left` those who shared a room and share none any more. The third list
+/// holds those who newly share a room (for presence).
 pub async fn device_list_movement(
     state: &AppState,
     me: &UserId,
     after: i64,
     upto: i64,
-) -> Result<(Vec<String>, Vec<String>)> {
+) -> Result<(Vec<String>, Vec<String>, Vec<String>)> {
     let mut changed = device_list_changes(state, me, after, upto).await?;
     let movers = events::member_movers(&state.db, me.as_str(), after, upto).await?;
     if movers.is_empty() {
-        return Ok((changed, Vec::new()));
+        return Ok((changed, Vec::new(), Vec::new()));
     }
     let peers: std::collections::HashSet<String> = room_peers(state, me).await?.into_iter().collect();
-    let mut left = Vec::new();
+    let (mut left, mut newcomers) = (Vec::new(), Vec::new());
     for (user, joined) in movers {
         let shares = peers.contains(&user);
-        if joined && shares && !changed.contains(&user) {
-            changed.push(user);
+        if joined && shares {
+            if !newcomers.contains(&user) {
+                newcomers.push(user.clone());
+            }
+            if !changed.contains(&user) {
+                changed.push(user);
+            }
         } else if !shares && !left.contains(&user) {
             left.push(user);
         }
     }
     changed.sort();
     left.sort();
-    Ok((changed, left))
+    Ok((changed, left, newcomers))
 }
 
 /// The highest seq of `room_id` whose stream position is at or below `stream`.
@@ -366,8 +372,8 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
             json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
         })
         .collect();
-    let (changed, left) = if initial {
-        (Vec::new(), Vec::new())
+    let (changed, left, newcomers) = if initial {
+        (Vec::new(), Vec::new(), Vec::new())
     } else {
         device_list_movement(state, &me.user_id, since.stream, now.stream).await?
     };
@@ -385,18 +391,9 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         let mut seen = state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, now_ms);
         // Those who newly share a room: their presence as it stands, even
         // if it did not change in the window.
-        if let Some(since) = req.since {
-            let newcomers: Vec<String> =
-                events::member_movers(&state.db, me.user_id.as_str(), since.stream, now.stream)
-                    .await?
-                    .into_iter()
-                    .filter(|(_, joined)| *joined)
-                    .map(|(user, _)| user)
-                    .collect();
-            for event in state.presence.events(&newcomers, None, now.stream, now_ms) {
-                if !seen.iter().any(|e| e["sender"] == event["sender"]) {
-                    seen.push(event);
-                }
+        for event in state.presence.events(&newcomers, None, now.stream, now_ms) {
+            if !seen.iter().any(|e| e["sender"] == event["sender"]) {
+                seen.push(event);
             }
         }
         seen

@@ -134,7 +134,7 @@ async fn changes(state: AppState, req: Ruma<get_key_changes::v3::Request>) -> Re
     let me = req.requester()?;
     let parse = |t: &str| crate::sync::Token::parse(t).map(|t| t.stream);
     let (from, to) = (parse(&req.body.from)?, parse(&req.body.to)?);
-    let (changed, left) = crate::sync::device_list_movement(&state, &me.user_id, from, to).await?;
+    let (changed, left, _) = crate::sync::device_list_movement(&state, &me.user_id, from, to).await?;
     Ok(json!({ "changed": changed, "left": left }))
 }
 
