@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 pub mod federation;
 mod search;
+mod sync;
 
 /// The benchmark's settings (also its command line).
 #[derive(Debug, Clone, Parser)]
@@ -102,6 +103,25 @@ pub struct Config {
     /// Search series: requests per term and order.
     #[arg(long, default_value_t = 20)]
     pub search_samples: usize,
+    /// The sync figures instead of the chapter: a room of `--members` whose
+    /// timeline is their joins; initial lazy-member /sync (timeline limit
+    /// 10) of members syncing for the first time, and wake-ups.
+    #[arg(long)]
+    pub sync: bool,
+    /// `--sync`: initial-sync samples in the `--members` room.
+    #[arg(long, default_value_t = 20)]
+    pub sync_initial_samples: usize,
+    /// `--sync`: wake-up samples in the `--members` room.
+    #[arg(long, default_value_t = 50)]
+    pub sync_wake_samples: usize,
+    /// `--sync`: also measure initial sync as the room grows to these
+    /// member counts, e.g. 50,500,1000,5000.
+    #[arg(long, value_delimiter = ',')]
+    pub sync_growth_members: Vec<usize>,
+    /// `--sync`: also measure initial sync of users in this many rooms
+    /// each, e.g. 1,10,100,300.
+    #[arg(long, value_delimiter = ',')]
+    pub sync_growth_rooms: Vec<usize>,
     /// Compare two JSON reports (A,B) instead of running; prints B/A and who is faster.
     #[arg(long, value_delimiter = ',', num_args = 1)]
     pub compare: Vec<PathBuf>,
@@ -1031,38 +1051,53 @@ fn timeline_has(v: &Value, room: &str, marker: &str) -> bool {
         .is_some_and(|evs| evs.iter().any(|e| e["content"]["body"].as_str() == Some(marker)))
 }
 
+/// Wake-up figures of [`wake_ups`], in ms, one entry per sample.
+#[derive(Debug, Default)]
+struct Wakes {
+    /// From just before the send to the sync response carrying the message.
+    wake: Vec<f64>,
+    /// From the send's response to that sync response (negative when the
+    /// sync answered first).
+    after_send: Vec<f64>,
+    /// The sends' own latency.
+    send: Vec<f64>,
+}
+
 /// Wake-up latency: `waiter` long-polls /sync, `sender` sends; measured from
-/// just before the send to the sync response that carries the message.
-/// Returns the wake-up latencies and the sends' own latencies.
+/// just before the send, and from the send's answer, to the sync response
+/// that carries the message.
 async fn wake_ups(
     hs: &Hs,
-    config: &Config,
+    samples: usize,
     waiter: &User,
     sender: &User,
     room: &str,
     run: &str,
-) -> Res<(Vec<f64>, Vec<f64>)> {
+) -> Res<Wakes> {
     let filter = r#"{"room":{"timeline":{"limit":5}}}"#;
     let (v, _) = hs.sync(waiter, Some(filter), None, None).await?;
     let mut since = v["next_batch"].as_str().unwrap_or_default().to_owned();
-    let mut lat = Vec::with_capacity(config.wake_samples);
-    let mut send_lat = Vec::with_capacity(config.wake_samples);
-    for i in 0..config.wake_samples {
+    let mut out = Wakes::default();
+    let poll = |since: String| {
+        let (hs, waiter) = (hs.clone(), waiter.clone());
+        tokio::spawn(async move {
+            let r = hs.sync(&waiter, Some(filter), Some(&since), Some(30_000)).await;
+            r.map(|(v, _)| (v, Instant::now()))
+        })
+    };
+    for i in 0..samples {
         let marker = format!("{run} wake {i}");
-        let poll = {
-            let (hs, waiter, since) = (hs.clone(), waiter.clone(), since.clone());
-            tokio::spawn(async move { hs.sync(&waiter, Some(filter), Some(&since), Some(30_000)).await })
-        };
+        let first = poll(since.clone());
         // Let the long-poll reach the server and start waiting.
         tokio::time::sleep(Duration::from_millis(50)).await;
         let t0 = Instant::now();
         let send = {
             let (hs, sender, room, marker) = (hs.clone(), sender.clone(), room.to_owned(), marker.clone());
             tokio::spawn(async move {
-                hs.send(&sender, &room, &format!("{marker}-txn"), &marker).await.map(|_| ms(t0.elapsed()))
+                hs.send(&sender, &room, &format!("{marker}-txn"), &marker).await.map(|_| Instant::now())
             })
         };
-        let mut resp = poll.await.map_err(|e| BenchError(format!("sync task: {e}")))??.0;
+        let (mut resp, mut at) = first.await.map_err(|e| BenchError(format!("sync task: {e}")))??;
         let mut found = timeline_has(&resp, room, &marker);
         // Woken by something else (or early): poll on until the message arrives.
         for _ in 0..10 {
@@ -1070,20 +1105,34 @@ async fn wake_ups(
                 break;
             }
             since = resp["next_batch"].as_str().unwrap_or(&since).to_owned();
-            resp = hs.sync(waiter, Some(filter), Some(&since), Some(30_000)).await?.0;
+            (resp, at) = poll(since.clone()).await.map_err(|e| BenchError(format!("sync task: {e}")))??;
             found = timeline_has(&resp, room, &marker);
         }
-        let l = ms(t0.elapsed());
         let sent = send.await.map_err(|e| BenchError(format!("send task: {e}")))??;
         if found {
-            lat.push(l);
-            send_lat.push(sent);
+            out.wake.push(ms(at - t0));
+            out.send.push(ms(sent - t0));
+            out.after_send.push(ms_signed(at, sent));
         } else {
             hs.count_error("wake.missed");
         }
         since = resp["next_batch"].as_str().unwrap_or(&since).to_owned();
     }
-    Ok((lat, send_lat))
+    Ok(out)
+}
+
+/// `a - b` in ms, negative when `a` came first.
+fn ms_signed(a: Instant, b: Instant) -> f64 {
+    if a >= b { ms(a - b) } else { -ms(b - a) }
+}
+
+/// Reports [`Wakes`] under `key`.
+fn report_wakes(report: &mut Report, key: &str, w: &Wakes) {
+    report.push(&format!("{key}.samples"), w.wake.len() as f64, "samples", Better::Info);
+    report.lat(key, &w.wake, &[50, 95]);
+    report.lat(&format!("{key}.after_send"), &w.after_send, &[50, 95]);
+    // The same sends' own latency (one at a time, nothing else running).
+    report.lat(&format!("{key}.send_alone"), &w.send, &[50]);
 }
 
 fn server_figures(config: &Config, report: &mut Report) {
@@ -1130,7 +1179,9 @@ pub async fn run(config: &Config) -> Res<Report> {
     if let Some(v) = hs.version().await {
         report.notes.push(format!("server: {v}"));
     }
-    if config.search.is_some() {
+    if config.sync {
+        sync::series(&hs, config, &progress, &mut report).await?;
+    } else if config.search.is_some() {
         search::series(&hs, config, &progress, &mut report).await?;
     } else if !config.growth.is_empty() {
         growth(&hs, config, &progress, &mut report).await?;
@@ -1197,11 +1248,8 @@ async fn chapter(hs: &Hs, config: &Config, progress: &Progress, report: &mut Rep
         .await?;
 
     progress.say(&format!("{} wake-up samples", config.wake_samples));
-    let (lat, send_lat) = wake_ups(hs, config, &cast.members[0], &cast.creator, &room, &run).await?;
-    report.push("wake.samples", lat.len() as f64, "samples", Better::Info);
-    report.lat("wake", &lat, &[50, 95]);
-    // The same sends' own latency (one at a time, nothing else running).
-    report.lat("wake.send_alone", &send_lat, &[50]);
+    let wakes = wake_ups(hs, config.wake_samples, &cast.members[0], &cast.creator, &room, &run).await?;
+    report_wakes(report, "wake", &wakes);
     if config.thread_replies > 0 {
         progress.say(&format!(
             "a thread of {} replies: /relations, /threads, the root's bundle",
