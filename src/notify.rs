@@ -5,7 +5,7 @@
 //! read, so nothing is written per recipient on the send path.
 
 use ruma::events::room::power_levels::RoomPowerLevels;
-use ruma::push::{Action, PushConditionRoomCtx, Ruleset};
+use ruma::push::{Action, AnyPushRuleRef, PushCondition, PushConditionRoomCtx, Ruleset, ScalarJsonValue};
 use ruma::serde::Raw;
 use std::sync::Arc;
 
@@ -15,10 +15,10 @@ use serde_json::Value;
 use crate::account::Requester;
 use crate::error::{Error, Result};
 use crate::outbound::{self, OutboundError};
-use crate::room::history::{self, Dir, EventFilter, PageRequest};
+use crate::room::history::{self, Dir};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
-use crate::storage::account_data;
+use crate::storage::{account_data, events};
 
 /// The most unread events looked at per room; counts stop there.
 pub const MAX_COUNTED: usize = 1000;
@@ -31,16 +31,33 @@ pub async fn ruleset(state: &AppState, user: &UserId) -> Result<Ruleset> {
     })
 }
 
+/// The user's rule set, shared: the server defaults are built once per user.
+pub async fn rules_of(state: &AppState, user: &UserId) -> Result<Arc<Ruleset>> {
+    let stored = account_data::get(&state.db, user.as_str(), "", "m.push_rules").await?;
+    rules_from(state, user, stored.as_deref())
+}
+
+/// The rule set of a user whose stored `m.push_rules` content (if any) is
+/// at hand.
+pub fn rules_from(state: &AppState, user: &UserId, stored: Option<&str>) -> Result<Arc<Ruleset>> {
+    Ok(match stored {
+        Some(text) => Arc::new(parse_stored(text)?),
+        None => state.push_defaults.get(user),
+    })
+}
+
+fn parse_stored(text: &str) -> Result<Ruleset> {
+    let value: Value = serde_json::from_str(text).map_err(|e| Error::Internal(e.to_string()))?;
+    serde_json::from_value(value["global"].clone())
+        .map_err(|e| Error::Internal(format!("stored push rules: {e}")))
+}
+
 async fn stored_ruleset(state: &AppState, user: &UserId) -> Result<Option<Ruleset>> {
-    match account_data::get(&state.db, user.as_str(), "", "m.push_rules").await? {
-        Some(text) => {
-            let value: Value = serde_json::from_str(&text).map_err(|e| Error::Internal(e.to_string()))?;
-            serde_json::from_value(value["global"].clone())
-                .map(Some)
-                .map_err(|e| Error::Internal(format!("stored push rules: {e}")))
-        }
-        None => Ok(None),
-    }
+    account_data::get(&state.db, user.as_str(), "", "m.push_rules")
+        .await?
+        .as_deref()
+        .map(parse_stored)
+        .transpose()
 }
 
 /// Each user's default rule set, built once (it depends on nothing but the
@@ -131,12 +148,14 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    /// Builds the room context (member count, display name, power levels).
-    pub async fn new(state: &AppState, view: &RoomView, user: &UserId) -> Result<Self> {
-        let rules = match stored_ruleset(state, user).await? {
-            Some(rules) => Arc::new(rules),
-            None => state.push_defaults.get(user),
-        };
+    /// Builds the room context (member count, display name, power levels)
+    /// for the user's rule set.
+    pub async fn with_rules(
+        state: &AppState,
+        view: &RoomView,
+        user: &UserId,
+        rules: Arc<Ruleset>,
+    ) -> Result<Self> {
         let room_id =
             OwnedRoomId::try_from(view.room.room_id.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
         let members = read::member_summary(state, view).await?.joined;
@@ -208,43 +227,164 @@ pub async fn read_marks(state: &AppState, room_id: &str, user: &UserId) -> Resul
     Ok(marks)
 }
 
-/// The readable events from others in `(after, upto]`, newest first, with
-/// what the rules say of each.
+/// What the rules could say of an event knowing only its type, state key
+/// and sender: `false` when no rule that notifies can be the first to match
+/// it, whatever its content, so it need not be loaded to be evaluated.
+///
+/// Rules are walked in priority order. A condition on `type`, `state_key`,
+/// `sender` or `room_id` with a literal pattern is decided here (ruma's glob
+/// matching is case-insensitive, so the comparison is too); every other
+/// condition (the content, member counts, power, display names) is unknown.
+/// A rule that surely matches ends the walk with its own answer; one that
+/// may match and notifies means the event must be evaluated; one that may
+/// match and does not notify is passed (if it matched, nothing notifies).
+pub fn may_notify(rules: &Ruleset, room_id: &str, shape: &Shape<'_>) -> bool {
+    for rule in rules.iter() {
+        if !rule.enabled() {
+            continue;
+        }
+        let matches = match rule {
+            AnyPushRuleRef::Override(r) | AnyPushRuleRef::Underride(r) => {
+                all_known(&r.conditions, room_id, shape)
+            }
+            AnyPushRuleRef::Room(r) => Some(r.rule_id.as_str() == room_id),
+            AnyPushRuleRef::Sender(r) => shape.sender.map(|s| r.rule_id.as_str() == s),
+            // Content rules (and any kind added later) look at the content.
+            _ => None,
+        };
+        match matches {
+            Some(false) => {}
+            Some(true) => return rule.triggers_notification(),
+            None if rule.triggers_notification() => return true,
+            None => {}
+        }
+    }
+    false
+}
+
+/// The parts of an event the rules can be asked about without loading it.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    /// `type`.
+    pub kind: &'a str,
+    /// `state_key`.
+    pub state_key: StateKey<'a>,
+    /// `sender` (`None`: any sender).
+    pub sender: Option<&'a str>,
+}
+
+/// A shape's state key.
+#[derive(Debug, Clone, Copy)]
+pub enum StateKey<'a> {
+    /// Not a state event.
+    None,
+    /// This key.
+    Is(&'a str),
+    /// Any key but this one (others' member events, say).
+    AnyBut(&'a str),
+}
+
+/// Whether all of `conditions` hold: `None` when some cannot be told from
+/// the shape and none is surely false.
+fn all_known(conditions: &[PushCondition], room_id: &str, shape: &Shape<'_>) -> Option<bool> {
+    let mut all = Some(true);
+    for condition in conditions {
+        match condition_known(condition, room_id, shape) {
+            Some(false) => return Some(false),
+            Some(true) => {}
+            None => all = None,
+        }
+    }
+    all
+}
+
+/// One condition decided from the shape, when it can be.
+fn condition_known(condition: &PushCondition, room_id: &str, shape: &Shape<'_>) -> Option<bool> {
+    // Whether the field `key` equals `want` (`eq` compares), when known.
+    let equals = |key: &str, want: &str, eq: fn(&str, &str) -> bool| -> Option<bool> {
+        match key {
+            "type" => Some(eq(shape.kind, want)),
+            "room_id" => Some(eq(room_id, want)),
+            "sender" => shape.sender.map(|s| eq(s, want)),
+            "state_key" => match shape.state_key {
+                // An absent field matches nothing.
+                StateKey::None => Some(false),
+                StateKey::Is(k) => Some(eq(k, want)),
+                StateKey::AnyBut(k) => eq(k, want).then_some(false),
+            },
+            _ => None,
+        }
+    };
+    match condition {
+        // ruma's glob matching is case-insensitive; a glob is not decided here.
+        PushCondition::EventMatch(d) if !d.pattern.contains(['*', '?']) => {
+            equals(&d.key, &d.pattern, |a, b| a.to_lowercase() == b.to_lowercase())
+        }
+        PushCondition::EventPropertyIs(d) => match &d.value {
+            ScalarJsonValue::String(want) => equals(&d.key, want, |a, b| a == b),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether the rules leave every member event about someone other than
+/// `me` silent, whoever sends it: then counting need not even look at them.
+pub fn others_membership_silent(rules: &Ruleset, room_id: &str, me: &str) -> bool {
+    let shape = Shape { kind: "m.room.member", state_key: StateKey::AnyBut(me), sender: None };
+    !may_notify(rules, room_id, &shape)
+}
+
+/// The readable events from others in `(after, upto]` that may notify
+/// ([`may_notify`]), newest first, with what the rules say of each; at most
+/// `limit` events of the range are looked at, leaving out the user's own and,
+/// when the rules leave them silent, others' member events. Only the events
+/// that may notify are loaded: in a room of joins and leaves none is.
+#[allow(clippy::too_many_arguments)]
 pub async fn evaluate_range(
     state: &AppState,
     view: &RoomView,
     access: &Access,
     me: &Requester,
+    rules: &Arc<Ruleset>,
     after: i64,
     upto: i64,
     limit: usize,
 ) -> Result<Vec<(Loaded, Outcome)>> {
-    let read = after;
-    if read >= upto {
+    if after >= upto {
         return Ok(Vec::new());
     }
-    let page = history::page(
-        state,
-        view,
-        access,
-        PageRequest {
-            from: upto,
-            to: Some(read),
-            dir: Dir::Backward,
-            limit,
-            filter: &EventFilter::default(),
-        },
-    )
-    .await?;
-    if page.events.iter().all(|e| e.pdu.sender == me.user_id) {
-        return Ok(Vec::new());
-    }
-    let evaluator = Evaluator::new(state, view, &me.user_id).await?;
-    let mut out = Vec::new();
-    for loaded in page.events {
-        if loaded.pdu.sender == me.user_id {
-            continue;
+    let room_id = view.room.room_id.as_str();
+    let mut wanted = Vec::new();
+    let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
+    let me_str = me.user_id.as_str();
+    let skip = events::ShapeSkip {
+        sender: me_str,
+        others_membership: others_membership_silent(rules, room_id, me_str),
+    };
+    for (lo, hi) in history::readable_spans(access, Dir::Backward, upto, Some(after)) {
+        if left <= 0 {
+            break;
         }
+        let shapes = events::shapes(&state.db, room_id, lo, hi, &skip, left).await?;
+        left -= i64::try_from(shapes.len()).unwrap_or(i64::MAX);
+        for (seq, kind, state_key, sender) in shapes {
+            let state_key = state_key.as_deref().map_or(StateKey::None, StateKey::Is);
+            let shape = Shape { kind: &kind, state_key, sender: Some(&sender) };
+            if may_notify(rules, room_id, &shape) {
+                wanted.push(seq);
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut stored = events::at_seqs(&state.db, room_id, &wanted).await?;
+    stored.sort_by_key(|e| std::cmp::Reverse(e.seq));
+    let evaluator = Evaluator::with_rules(state, view, &me.user_id, rules.clone()).await?;
+    let mut out = Vec::with_capacity(stored.len());
+    for stored in stored {
+        let loaded = read::load(state, stored).await?;
         let event = read::format(view, &loaded, me, &access.history);
         let outcome = evaluator.evaluate(&event).await;
         out.push((loaded, outcome));
@@ -314,6 +454,7 @@ pub async fn counts(
     view: &RoomView,
     access: &Access,
     me: &Requester,
+    rules: &Arc<Ruleset>,
     upto: i64,
 ) -> Result<Counts> {
     let marks = read_marks(state, &view.room.room_id, &me.user_id).await?;
@@ -323,12 +464,20 @@ pub async fn counts(
         Some(c) if c.marks == marks && c.upto == upto => c.counts,
         Some(c) if c.marks == marks && c.upto < upto => {
             let mut counts = c.counts;
-            counts.add(&evaluate_range(state, view, access, me, c.upto, upto, MAX_COUNTED).await?, &marks);
+            counts.add(
+                &evaluate_range(state, view, access, me, rules, c.upto, upto, MAX_COUNTED).await?,
+                &marks,
+            );
             counts
         }
         _ => {
+            // Nothing from before the user's current stay is unread to
+            // them: what was sent before they joined never notified them.
+            let joined =
+                access.stays.iter().filter(|r| r.kind == "join" && r.max_seq.is_none()).map(|r| r.min_seq);
+            let after = joined.max().unwrap_or(0).max(marks.unthreaded);
             let mut counts = Counts::default();
-            let new = evaluate_range(state, view, access, me, marks.unthreaded, upto, MAX_COUNTED).await?;
+            let new = evaluate_range(state, view, access, me, rules, after, upto, MAX_COUNTED).await?;
             counts.add(&new, &marks);
             counts
         }
@@ -372,8 +521,9 @@ async fn push_for_user(state: &AppState, room_id: &str, lo: i64, hi: i64, user: 
     let view = read::open(state, &rid).await?;
     let access = read::access(state, &view, &user_id).await?;
     let me = Requester { user_id: user_id.clone(), device_id: "PUSHER".into(), is_admin: false };
-    let events = evaluate_range(state, &view, &access, &me, lo - 1, hi, 100).await?;
-    let unread = counts(state, &view, &access, &me, hi).await?.notify;
+    let rules = rules_of(state, &user_id).await?;
+    let events = evaluate_range(state, &view, &access, &me, &rules, lo - 1, hi, 100).await?;
+    let unread = counts(state, &view, &access, &me, &rules, hi).await?.notify;
     for (loaded, outcome) in events.into_iter().rev() {
         if !outcome.notify {
             continue;
@@ -556,4 +706,163 @@ async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url:
         wait *= 2;
     }
     tracing::warn!(%url, "push gateway unreachable, notification dropped after 5 tries");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROOM: &str = "!r:example.org";
+
+    fn shape<'a>(kind: &'a str, state_key: Option<&'a str>, sender: &'a str) -> Shape<'a> {
+        Shape { kind, state_key: state_key.map_or(StateKey::None, StateKey::Is), sender: Some(sender) }
+    }
+
+    fn rules_with(user: &UserId, edit: impl FnOnce(&mut Value)) -> Ruleset {
+        let mut value = serde_json::to_value(default_ruleset(user)).unwrap();
+        edit(&mut value);
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_defaults_leave_others_membership_unloaded() {
+        let me = ruma::user_id!("@me:example.org");
+        let rules = default_ruleset(me);
+        let other = "@other:example.org";
+        // Another member's join, leave or profile change: `.m.rule.member_event`.
+        assert!(!may_notify(&rules, ROOM, &shape("m.room.member", Some(other), other)));
+        assert!(!may_notify(&rules, ROOM, &shape("M.Room.Member", Some(other), other)));
+        // A reaction may carry `m.mentions`: the mention rules come before `.m.rule.reaction`.
+        assert!(may_notify(&rules, ROOM, &shape("m.reaction", None, other)));
+        // An invite for me may notify; so may any message (mentions, content rules).
+        assert!(may_notify(&rules, ROOM, &shape("m.room.member", Some(me.as_str()), other)));
+        assert!(may_notify(&rules, ROOM, &shape("m.room.message", None, other)));
+        assert!(may_notify(&rules, ROOM, &shape("m.room.encrypted", None, other)));
+        // A type no rule names still goes through the content rules.
+        assert!(may_notify(&rules, ROOM, &shape("org.example.custom", None, other)));
+    }
+
+    #[test]
+    fn user_rules_are_honoured_in_order() {
+        let me = ruma::user_id!("@me:example.org");
+        let other = "@other:example.org";
+        let member = shape("m.room.member", Some(other), other);
+        // An override of the user's own ahead of the defaults: joins notify.
+        let joins = rules_with(me, |v| {
+            v["override"].as_array_mut().unwrap().insert(
+                0,
+                serde_json::json!({
+                    "rule_id": "joins", "default": false, "enabled": true,
+                    "conditions": [{ "kind": "event_match", "key": "type", "pattern": "m.room.member" }],
+                    "actions": ["notify"],
+                }),
+            );
+        });
+        assert!(may_notify(&joins, ROOM, &member));
+        // The same rule with a content condition: it may match.
+        let content = rules_with(me, |v| {
+            v["override"].as_array_mut().unwrap().insert(
+                0,
+                serde_json::json!({
+                    "rule_id": "bans", "default": false, "enabled": true,
+                    "conditions": [
+                        { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
+                        { "kind": "event_match", "key": "content.membership", "pattern": "ban" },
+                    ],
+                    "actions": ["notify"],
+                }),
+            );
+        });
+        assert!(may_notify(&content, ROOM, &member));
+        // A glob on the type is not decided here.
+        let glob = rules_with(me, |v| {
+            v["override"].as_array_mut().unwrap().insert(
+                0,
+                serde_json::json!({
+                    "rule_id": "glob", "default": false, "enabled": true,
+                    "conditions": [{ "kind": "event_match", "key": "type", "pattern": "m.room.mem*" }],
+                    "actions": ["notify"],
+                }),
+            );
+        });
+        assert!(may_notify(&glob, ROOM, &member));
+        // The master rule on: nothing notifies, nothing is loaded.
+        let master = rules_with(me, |v| {
+            for rule in v["override"].as_array_mut().unwrap() {
+                if rule["rule_id"] == ".m.rule.master" {
+                    rule["enabled"] = true.into();
+                }
+            }
+        });
+        assert!(!may_notify(&master, ROOM, &shape("m.room.message", None, other)));
+        // A room rule and a sender rule decide by room and sender.
+        let muted = rules_with(me, |v| {
+            v["room"] =
+                serde_json::json!([{ "rule_id": ROOM, "default": false, "enabled": true, "actions": [] }]);
+            v["sender"] = serde_json::json!([{
+                "rule_id": "@loud:example.org", "default": false, "enabled": true, "actions": ["notify"],
+            }]);
+        });
+        // A message can still hit a mention override before the room rule.
+        assert!(may_notify(&muted, ROOM, &shape("m.room.message", None, other)));
+        // An unknown type in the muted room: no override notifies, the content
+        // rule may, so it is evaluated; in another room the sender rule decides.
+        let loud = shape("org.example.custom", None, "@loud:example.org");
+        assert!(may_notify(&muted, "!other:example.org", &loud));
+        // A member event surely matches `.m.rule.member_event` first.
+        assert!(!may_notify(&muted, ROOM, &shape("m.room.member", Some(other), "@loud:example.org")));
+    }
+
+    #[test]
+    fn others_membership_is_silent_unless_a_rule_may_say_otherwise() {
+        let me = ruma::user_id!("@me:example.org");
+        assert!(others_membership_silent(&default_ruleset(me), ROOM, me.as_str()));
+        // Sender rules come after the overrides, where `.m.rule.member_event`
+        // has already decided.
+        let loud = rules_with(me, |v| {
+            v["sender"] = serde_json::json!([{
+                "rule_id": "@loud:example.org", "default": false, "enabled": true, "actions": ["notify"],
+            }]);
+        });
+        assert!(others_membership_silent(&loud, ROOM, me.as_str()));
+        // A rule about one particular member's events, ahead of the defaults.
+        let watched = rules_with(me, |v| {
+            v["override"].as_array_mut().unwrap().insert(
+                0,
+                serde_json::json!({
+                    "rule_id": "watch", "default": false, "enabled": true,
+                    "conditions": [
+                        { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
+                        { "kind": "event_match", "key": "state_key", "pattern": "@boss:example.org" },
+                    ],
+                    "actions": ["notify"],
+                }),
+            );
+        });
+        assert!(!others_membership_silent(&watched, ROOM, me.as_str()));
+        // The same rule about me only: others' member events stay silent.
+        let mine = rules_with(me, |v| {
+            v["override"].as_array_mut().unwrap().insert(
+                0,
+                serde_json::json!({
+                    "rule_id": "mine", "default": false, "enabled": true,
+                    "conditions": [
+                        { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
+                        { "kind": "event_match", "key": "state_key", "pattern": "@ME:example.org" },
+                    ],
+                    "actions": ["notify"],
+                }),
+            );
+        });
+        assert!(others_membership_silent(&mine, ROOM, me.as_str()));
+        // A sender condition with no sender known: the rule may match.
+        let by_sender = rules_with(me, |v| {
+            v["override"].as_array_mut().unwrap().insert(0, serde_json::json!({
+                "rule_id": "by", "default": false, "enabled": true,
+                "conditions": [{ "kind": "event_match", "key": "sender", "pattern": "@boss:example.org" }],
+                "actions": ["notify"],
+            }));
+        });
+        assert!(!others_membership_silent(&by_sender, ROOM, me.as_str()));
+    }
 }

@@ -9,6 +9,13 @@
 //! Waking is per user: a write names the users it concerns, and only their
 //! waiting requests wake. A request subscribes before it reads the position,
 //! so a write that lands in between still wakes it.
+//!
+//! A new event in a room wakes the waiting requests that watch the room:
+//! each waiting `/sync` watches the rooms its user is joined to (registered,
+//! like its subscription, before it reads the position). So a send finds
+//! whom to wake in memory, among the requests waiting now, instead of asking
+//! the database for every member of the room; a membership event also wakes
+//! its target by name (they may not watch the room yet, or any more).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -72,6 +79,35 @@ impl Streams {
 #[derive(Debug, Default)]
 pub struct Notifier {
     users: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Per room, the users with a waiting request watching it (and how many).
+    rooms: Mutex<HashMap<String, HashMap<String, usize>>>,
+}
+
+/// A request's watch on rooms; dropping it ends the watch.
+#[derive(Debug)]
+pub struct RoomWatch<'a> {
+    notifier: &'a Notifier,
+    user: String,
+    rooms: Vec<String>,
+}
+
+impl Drop for RoomWatch<'_> {
+    fn drop(&mut self) {
+        let mut rooms = self.notifier.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        for room in &self.rooms {
+            if let Some(users) = rooms.get_mut(room) {
+                if let Some(n) = users.get_mut(&self.user) {
+                    *n -= 1;
+                    if *n == 0 {
+                        users.remove(&self.user);
+                    }
+                }
+                if users.is_empty() {
+                    rooms.remove(room);
+                }
+            }
+        }
+    }
 }
 
 impl Notifier {
@@ -80,6 +116,27 @@ impl Notifier {
     pub fn subscribe(&self, user: &str) -> watch::Receiver<u64> {
         let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
         users.entry(user.to_owned()).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
+    /// Watches `rooms` for `user` until the returned guard is dropped: a new
+    /// event in one of them wakes the user's subscriptions. Register before
+    /// reading the position, like [`Notifier::subscribe`].
+    pub fn watch_rooms(&self, user: &str, rooms: Vec<String>) -> RoomWatch<'_> {
+        let mut map = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        for room in &rooms {
+            *map.entry(room.clone()).or_default().entry(user.to_owned()).or_default() += 1;
+        }
+        RoomWatch { notifier: self, user: user.to_owned(), rooms }
+    }
+
+    /// Wakes the requests watching `room` and those of `also`.
+    pub fn wake_room<'a>(&self, room: &str, also: impl IntoIterator<Item = &'a str>) {
+        let watching: Vec<String> = {
+            let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+            rooms.get(room).map(|users| users.keys().cloned().collect()).unwrap_or_default()
+        };
+        self.wake(watching.iter().map(String::as_str));
+        self.wake(also);
     }
 
     /// Wakes the waiting requests of these users.
@@ -128,5 +185,28 @@ mod tests {
         assert!(bob.has_changed().unwrap());
         assert!(!alice.has_changed().unwrap());
         bob.changed().await.unwrap();
+    }
+
+    #[test]
+    fn a_room_wakes_its_watchers_while_they_watch() {
+        let n = Notifier::default();
+        let mut alice = n.subscribe("@alice:x");
+        let bob = n.subscribe("@bob:x");
+        let mut carol = n.subscribe("@carol:x");
+        let watch_a = n.watch_rooms("@alice:x", vec!["!r:x".into(), "!s:x".into()]);
+        let _watch_b = n.watch_rooms("@bob:x", vec!["!s:x".into()]);
+        n.wake_room("!r:x", ["@carol:x"]);
+        assert!(alice.has_changed().unwrap());
+        assert!(!bob.has_changed().unwrap(), "bob does not watch !r");
+        assert!(carol.has_changed().unwrap(), "named as well");
+        alice.borrow_and_update();
+        carol.borrow_and_update();
+        drop(watch_a);
+        n.wake_room("!r:x", []);
+        assert!(!alice.has_changed().unwrap(), "alice's watch ended");
+        n.wake_room("!s:x", []);
+        assert!(bob.has_changed().unwrap());
+        assert!(!alice.has_changed().unwrap());
+        assert!(n.rooms.lock().unwrap().get("!r:x").is_none(), "an unwatched room is forgotten");
     }
 }

@@ -13,6 +13,7 @@ backend_tests!(
     keys_upload_query_claim_and_to_device,
     startup_probes_answer_as_clients_expect,
     unread_counts_follow_push_rules_and_drop_on_receipt,
+    unread_counts_start_at_the_join,
     pushes_reach_the_gateway_only_for_holders,
     presence_and_user_directory,
     presence_can_be_switched_off,
@@ -371,6 +372,53 @@ async fn unread_counts_follow_push_rules_and_drop_on_receipt(backend: Backend) {
     assert_eq!(counts, &json!({ "notification_count": 0, "highlight_count": 0 }), "{sync}");
     let (_, list) = server.get("/_matrix/client/v3/notifications", Some(&bob.token)).await;
     assert!(list["notifications"].as_array().unwrap().iter().all(|n| n["read"] == true), "{list}");
+}
+
+/// What was sent before a user joined never notified them: with no read
+/// receipt, their counts start at their join, though history visibility
+/// lets them read further back. Others' joins count for nothing.
+async fn unread_counts_start_at_the_join(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let carol = server.register("carol", "pw").await;
+    let dave = server.register("dave", "pw").await;
+    let (_, created) = server
+        .post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({ "preset": "public_chat" }))
+        .await;
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    let send = |txn: &'static str, body: &'static str| {
+        let path = format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/{txn}");
+        let (server, token) = (&server, alice.token.clone());
+        async move {
+            let (status, sent) =
+                server.put(&path, Some(&token), json!({ "msgtype": "m.text", "body": body })).await;
+            assert_eq!(status, 200, "{sent}");
+        }
+    };
+    send("1", "before carol").await;
+    send("2", "carol, are you there?").await;
+    let join = |user: &complement_tests::harness::User| {
+        let (server, path, token) = (&server, format!("/_matrix/client/v3/join/{room}"), user.token.clone());
+        async move { assert_eq!(server.post(&path, Some(&token), json!({})).await.0, 200) }
+    };
+    join(&carol).await;
+    join(&dave).await;
+    let counts = |sync: &Value| sync["rooms"]["join"][&room]["unread_notifications"].clone();
+    let (_, sync) = server.get("/_matrix/client/v3/sync", Some(&carol.token)).await;
+    // She can read what came before her (shared history), but it is not unread.
+    let bodies: Vec<&str> = sync["rooms"]["join"][&room]["timeline"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["content"]["body"].as_str())
+        .collect();
+    assert_eq!(bodies, vec!["before carol", "carol, are you there?"], "{sync}");
+    assert_eq!(counts(&sync), json!({ "notification_count": 0, "highlight_count": 0 }), "{sync}");
+    send("3", "welcome carol").await;
+    let (_, sync) = server.get("/_matrix/client/v3/sync", Some(&dave.token)).await;
+    assert_eq!(counts(&sync), json!({ "notification_count": 1, "highlight_count": 0 }), "{sync}");
+    let (_, sync) = server.get("/_matrix/client/v3/sync", Some(&carol.token)).await;
+    assert_eq!(counts(&sync), json!({ "notification_count": 1, "highlight_count": 1 }), "{sync}");
 }
 
 /// A fake push gateway on loopback: every POST body arrives on the channel.

@@ -191,6 +191,8 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
                 break 'spans;
             }
             let rows = events::range(&state.db, room_id, lo, hi, dir == Dir::Backward, want).await?;
+            // Fewer rows than asked for: the span holds no more.
+            let exhausted = i64::try_from(rows.len()).unwrap_or(i64::MAX) < want;
             if rows.is_empty() {
                 break;
             }
@@ -209,6 +211,9 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
                         break 'spans;
                     }
                 }
+            }
+            if exhausted {
+                break;
             }
         }
     }
@@ -284,14 +289,12 @@ pub async fn members_for(
     senders: &[&UserId],
 ) -> Result<Vec<Loaded>> {
     let horizon = access.state_horizon(view.room.last_seq);
-    let mut out = Vec::new();
-    for sender in senders {
-        if let Some(stored) =
-            events::state_event_at(&state.db, &view.room.room_id, "m.room.member", sender.as_str(), horizon)
-                .await?
-        {
-            out.push(read::load(state, stored).await?);
-        }
+    let mut users: Vec<&str> = senders.iter().map(|s| s.as_str()).collect();
+    users.sort_unstable();
+    users.dedup();
+    let mut out = Vec::with_capacity(users.len());
+    for stored in events::members_at(&state.db, &view.room.room_id, &users, horizon).await? {
+        out.push(read::load(state, stored).await?);
     }
     Ok(out)
 }

@@ -225,7 +225,13 @@ pub async fn bundles(
     let ids: Vec<&str> = page.iter().map(|e| e.pdu.event_id.as_str()).collect();
     let me_str = me.user_id.as_str();
 
-    let summaries = store::thread_summaries(&state.db, room_id, &ids, spans, me_str).await?;
+    let kinds = store::rel_types_of(&state.db, room_id, &ids).await?;
+    let has = |kind: &str| kinds.iter().any(|k| k == kind);
+    let summaries = if has("m.thread") {
+        store::thread_summaries(&state.db, room_id, &ids, spans, me_str).await?
+    } else {
+        Vec::new()
+    };
     let latest_seqs: Vec<i64> = summaries.iter().map(|s| s.latest_seq).collect();
     let mut latest: HashMap<i64, Loaded> = HashMap::new();
     for stored in events::at_seqs(&state.db, room_id, &latest_seqs).await? {
@@ -235,7 +241,11 @@ pub async fn bundles(
     // Edits of the page's events and of the latest replies, in one query.
     let mut edited: Vec<&Loaded> = page.to_vec();
     edited.extend(latest.values());
-    let edits = newest_edits(state, view, access, me, &edited).await?;
+    let edits = if has("m.replace") || !latest.is_empty() {
+        newest_edits(state, view, access, me, &edited).await?
+    } else {
+        HashMap::new()
+    };
 
     for summary in summaries {
         let Some(root) = page.iter().find(|e| e.pdu.event_id.as_str() == summary.root) else { continue };
@@ -255,7 +265,12 @@ pub async fn bundles(
         );
     }
     let mut references: HashMap<String, Vec<Value>> = HashMap::new();
-    for (parent, child) in store::references(&state.db, room_id, &ids, spans).await? {
+    let found = if has("m.reference") {
+        store::references(&state.db, room_id, &ids, spans).await?
+    } else {
+        Vec::new()
+    };
+    for (parent, child) in found {
         references.entry(parent).or_default().push(json!({ "event_id": child }));
     }
     for (parent, chunk) in references {

@@ -94,6 +94,8 @@ pub struct RoomWriter {
     servers: Option<Vec<String>>,
     /// Servers this transaction queued events for (woken after commit).
     destinations: std::collections::BTreeSet<String>,
+    /// The targets of the membership events appended (woken by name).
+    targets: Vec<String>,
     tx: RoomTx,
 }
 
@@ -124,6 +126,7 @@ impl RoomWriter {
             state_changed: false,
             servers: None,
             destinations: Default::default(),
+            targets: Vec::new(),
             tx,
         })
     }
@@ -156,6 +159,7 @@ impl RoomWriter {
             state_changed: true,
             servers: None,
             destinations: Default::default(),
+            targets: Vec::new(),
             tx,
         }
     }
@@ -471,6 +475,7 @@ impl RoomWriter {
         let federating = state.settings.federation.is_some() && forward;
         let mut destinations = if federating { self.servers_in_room().await? } else { Vec::new() };
         if let Some((target, old, new)) = &membership_change {
+            self.targets.push(target.clone());
             self.update_ranges(target, old, new, seq).await?;
             self.update_servers(target, old, new).await?;
             if federating {
@@ -689,6 +694,7 @@ impl RoomWriter {
             state,
             by_id,
             destinations,
+            targets,
             ..
         } = self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
@@ -696,7 +702,7 @@ impl RoomWriter {
             .await?;
         tx.commit().await?;
         drop(reservations);
-        Ok((Committed { room_id, appended, destinations }, StateCache::new(last_seq, state, by_id)))
+        Ok((Committed { room_id, appended, destinations, targets }, StateCache::new(last_seq, state, by_id)))
     }
 
     /// Ends the write without committing anything, keeping what it loaded.
@@ -737,28 +743,32 @@ struct Committed {
     appended: Option<(i64, i64)>,
     /// Servers with new events queued for them.
     destinations: std::collections::BTreeSet<String>,
+    /// The targets of the membership events among them.
+    targets: Vec<String>,
 }
 
 impl Committed {
-    /// Wakes the syncs of every user whose ranges hold one of the events and
-    /// hands them to the pushers. The events are committed: nothing here may
-    /// turn the answer into an error (the client would retry a send that
-    /// succeeded).
+    /// Wakes the syncs waiting on the room (each waiting sync watches the
+    /// rooms its user is joined to) and those of the membership events'
+    /// targets, and hands the events to the pushers of every user whose
+    /// ranges hold one. The events are committed: nothing here may turn the
+    /// answer into an error (the client would retry a send that succeeded).
     async fn announce(self, state: &AppState) {
-        let Committed { room_id, appended, destinations } = self;
+        let Committed { room_id, appended, destinations, targets } = self;
         crate::federation::sender::wake(state, destinations.iter().map(String::as_str));
         let Some((lo, hi)) = appended else { return };
-        let users = match memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await {
-            Ok(users) => users,
-            Err(e) => {
-                tracing::error!(%room_id, "cannot find whom to wake after a commit: {e}");
-                Vec::new()
-            }
-        };
-        state.notifier.wake(users.iter().map(String::as_str));
+        state.notifier.wake_room(room_id.as_str(), targets.iter().map(String::as_str));
         let anyone_pushes = !state.pusher_users.read().unwrap_or_else(|e| e.into_inner()).is_empty();
         if anyone_pushes {
-            tokio::spawn(crate::notify::push_new_events(state.clone(), room_id.to_string(), lo, hi, users));
+            let state = state.clone();
+            tokio::spawn(async move {
+                match memberships::holders_between(&state.db, room_id.as_str(), lo, hi).await {
+                    Ok(users) => {
+                        crate::notify::push_new_events(state, room_id.to_string(), lo, hi, users).await
+                    }
+                    Err(e) => tracing::error!(%room_id, "cannot find whom to push to after a commit: {e}"),
+                }
+            });
         }
     }
 }

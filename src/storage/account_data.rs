@@ -38,6 +38,20 @@ pub async fn get(db: &Db, user_id: &str, room_id: &str, data_type: &str) -> Resu
     .await?)
 }
 
+/// The user's global account data of these types that is set: (type, content).
+pub async fn global_of_types(db: &Db, user_id: &str, types: &[&str]) -> Result<Vec<(String, String)>> {
+    let list: Vec<String> = (0..types.len()).map(|i| format!("${}", i + 2)).collect();
+    let sql = format!(
+        "SELECT data_type, content FROM account_data WHERE user_id = $1 AND room_id = '' AND data_type IN ({})",
+        list.join(", ")
+    );
+    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(user_id);
+    for t in types {
+        query = query.bind(*t);
+    }
+    Ok(query.fetch_all(&db.pool).await?)
+}
+
 /// Account data changed in `(after, upto]`: (room_id, type, content).
 pub async fn changed(db: &Db, user_id: &str, after: i64, upto: i64) -> Result<Vec<(String, String, String)>> {
     Ok(sqlx::query_as(

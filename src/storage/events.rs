@@ -420,6 +420,44 @@ pub async fn range(
     Ok(rows.into_iter().map(from_row).collect())
 }
 
+/// What [`shapes`] leaves out.
+#[derive(Debug, Clone, Copy)]
+pub struct ShapeSkip<'a> {
+    /// This sender's events.
+    pub sender: &'a str,
+    /// Member events whose state key is not `sender`.
+    pub others_membership: bool,
+}
+
+/// Seq, type, state key and sender of the events with seq in `lo..=hi`
+/// but those `skip` names, highest first, at most `limit`: what push rules
+/// can be asked without reading any event's JSON.
+pub async fn shapes(
+    db: &Db,
+    room_id: &str,
+    lo: i64,
+    hi: i64,
+    skip: &ShapeSkip<'_>,
+    limit: i64,
+) -> Result<Vec<(i64, String, Option<String>, String)>> {
+    let members = if skip.others_membership {
+        "AND NOT (event_type = 'm.room.member' AND state_key <> $4)"
+    } else {
+        ""
+    };
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT seq, event_type, state_key, sender FROM events \
+         WHERE room_id = $1 AND seq >= $2 AND seq <= $3 AND sender <> $4 {members} ORDER BY seq DESC LIMIT $5"
+    )))
+    .bind(room_id)
+    .bind(lo)
+    .bind(hi)
+    .bind(skip.sender)
+    .bind(limit)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
 /// The placed events among `ids`, in no particular order.
 pub async fn by_ids(db: &Db, ids: &[&str]) -> Result<Vec<StoredEvent>> {
     let mut out = Vec::with_capacity(ids.len());
@@ -476,6 +514,24 @@ async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
 
+/// The member events of `users` as of seq `at` (those that have one), in
+/// seq order: one query for a page's or a timeline's senders.
+pub async fn members_at(db: &Db, room_id: &str, users: &[&str], at: i64) -> Result<Vec<StoredEvent>> {
+    let mut out = Vec::with_capacity(users.len());
+    for chunk in users.chunks(super::outliers::IDS_PER_QUERY) {
+        let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
+        let extra = format!("AND s.event_type = 'm.room.member' AND s.state_key IN ({})", list.join(", "));
+        let mut query =
+            sqlx::query_as::<_, RunRow>(sqlx::AssertSqlSafe(sql::state_at(&extra))).bind(room_id).bind(at);
+        for user in chunk {
+            query = query.bind(*user);
+        }
+        out.extend(query.fetch_all(&db.pool).await?.into_iter().filter_map(from_run_row));
+    }
+    out.sort_by_key(|e| e.seq);
+    Ok(out)
+}
+
 /// One state event as of seq `at`.
 pub async fn state_event_at(
     db: &Db,
@@ -526,6 +582,30 @@ pub(super) mod sql {
         )
     }
 
+    /// [`super::member_movers`]: $1 user, $2 after, $3 upto. Both halves
+    /// start from the user's own member rows (`CROSS JOIN`, `EXISTS`): left
+    /// to itself SQLite starts the second from every member row of every room.
+    pub(in crate::storage) const MEMBER_MOVERS: &str = "SELECT DISTINCT e.state_key, cur.membership FROM room_state mine \
+           JOIN events e ON e.room_id = mine.room_id AND e.stream > $2 AND e.stream <= $3 \
+           LEFT JOIN room_state cur ON cur.room_id = e.room_id AND cur.event_type = 'm.room.member' \
+             AND cur.state_key = e.state_key \
+          WHERE mine.event_type = 'm.room.member' AND mine.state_key = $1 AND mine.membership = 'join' \
+            AND e.event_type = 'm.room.member' AND e.state_key <> $1 \
+         UNION \
+         SELECT DISTINCT b.state_key, b.membership FROM room_state mine CROSS JOIN room_state b \
+          WHERE mine.event_type = 'm.room.member' AND mine.state_key = $1 AND mine.membership = 'join' \
+            AND EXISTS (SELECT 1 FROM events e WHERE e.room_id = mine.room_id AND e.stream > $2 \
+                          AND e.stream <= $3 AND e.event_type = 'm.room.member' AND e.state_key = $1) \
+            AND b.room_id = mine.room_id AND b.event_type = 'm.room.member' \
+            AND b.membership = 'join' AND b.state_key <> $1";
+
+    /// [`super::room_peers`] before [`crate::storage::Db::joined_column`]:
+    /// $1 user. `CROSS JOIN`: from the user's rooms to their members; left
+    /// to itself SQLite walks every member row of every room instead.
+    pub(in crate::storage) const ROOM_PEERS: &str = "SELECT DISTINCT b.state_key AS v FROM room_state a CROSS JOIN room_state b \
+         WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
+           AND b.room_id = a.room_id AND b.event_type = 'm.room.member' AND b.membership = 'join'";
+
     /// [`super::state_event_at`]: $1 room, $2 type, $3 state key, $4 seq.
     pub(in crate::storage) fn state_event_at() -> String {
         format!(
@@ -568,6 +648,22 @@ pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<Stri
     .bind(limit)
     .fetch_all(&db.pool)
     .await?)
+}
+
+/// [`seq_at_stream`] at two positions in one statement.
+pub async fn seqs_at_streams(db: &Db, room_id: &str, a: i64, b: i64) -> Result<(i64, i64)> {
+    let (x, y): (Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT (SELECT seq FROM events WHERE room_id = $1 AND stream <= $2 AND stream > 0 \
+                 ORDER BY stream DESC LIMIT 1), \
+                (SELECT seq FROM events WHERE room_id = $1 AND stream <= $3 AND stream > 0 \
+                 ORDER BY stream DESC LIMIT 1)",
+    )
+    .bind(room_id)
+    .bind(a)
+    .bind(b)
+    .fetch_one(&db.pool)
+    .await?;
+    Ok((x.unwrap_or(0), y.unwrap_or(0)))
 }
 
 /// The highest seq of a room whose stream position is at or below `stream`
@@ -631,35 +727,17 @@ pub async fn room_peers(db: &Db, user: &str) -> Result<Vec<String>> {
 /// whether they are joined to that room now; and when `user`'s own join
 /// falls in that window, every member joined to that room now.
 pub async fn member_movers(db: &Db, user: &str, after: i64, upto: i64) -> Result<Vec<(String, bool)>> {
-    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT DISTINCT e.state_key, cur.membership FROM room_state mine \
-           JOIN events e ON e.room_id = mine.room_id AND e.stream > $2 AND e.stream <= $3 \
-           LEFT JOIN room_state cur ON cur.room_id = e.room_id AND cur.event_type = 'm.room.member' \
-             AND cur.state_key = e.state_key \
-          WHERE mine.event_type = 'm.room.member' AND mine.state_key = $1 AND mine.membership = 'join' \
-            AND e.event_type = 'm.room.member' AND e.state_key <> $1 \
-         UNION \
-         SELECT DISTINCT b.state_key, b.membership FROM room_state mine \
-           JOIN events e ON e.room_id = mine.room_id AND e.stream > $2 AND e.stream <= $3 \
-           JOIN room_state b ON b.room_id = mine.room_id AND b.event_type = 'm.room.member' \
-             AND b.membership = 'join' AND b.state_key <> $1 \
-          WHERE mine.event_type = 'm.room.member' AND mine.state_key = $1 AND mine.membership = 'join' \
-            AND e.event_type = 'm.room.member' AND e.state_key = $1",
-    )
-    .bind(user)
-    .bind(after)
-    .bind(upto)
-    .fetch_all(&db.pool)
-    .await?;
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql::MEMBER_MOVERS))
+        .bind(user)
+        .bind(after)
+        .bind(upto)
+        .fetch_all(&db.pool)
+        .await?;
     Ok(rows.into_iter().map(|(u, m)| (u, m.as_deref() == Some("join"))).collect())
 }
 
 async fn room_peers_inner(db: &Db, user: &str) -> Result<Vec<String>> {
-    let sql = db.joined_column(
-        "SELECT DISTINCT b.state_key AS v FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
-         WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
-           AND b.event_type = 'm.room.member' AND b.membership = 'join'",
-    );
+    let sql = db.joined_column(sql::ROOM_PEERS);
     let joined: Option<String> =
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(user).fetch_one(&db.pool).await?;
     let mut peers = super::split_column(joined);

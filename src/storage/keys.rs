@@ -147,15 +147,21 @@ pub async fn use_fallback_key(
     Ok(row)
 }
 
-/// Algorithms with an unused fallback key.
-pub async fn unused_fallback_algorithms(db: &Db, user: &str, device: &str) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "SELECT algorithm FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND used = 0 ORDER BY algorithm",
+/// A device's one-time key counts by algorithm and its unused fallback
+/// keys' algorithms (what every `/sync` answer carries), in one statement.
+pub async fn key_counts(db: &Db, user: &str, device: &str) -> Result<(Vec<(String, i64)>, Vec<String>)> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT algorithm, COUNT(*), 0 FROM one_time_keys WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm \
+         UNION ALL \
+         SELECT algorithm, 0, 1 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND used = 0 \
+         ORDER BY 3, 1",
     )
     .bind(user)
     .bind(device)
     .fetch_all(&db.pool)
-    .await?)
+    .await?;
+    let (fallback, otk): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.2 == 1);
+    Ok((otk.into_iter().map(|(a, n, _)| (a, n)).collect(), fallback.into_iter().map(|(a, _, _)| a).collect()))
 }
 
 /// Stores a cross-signing key.

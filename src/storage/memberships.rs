@@ -192,6 +192,22 @@ pub async fn rooms_of(db: &Db, user_id: &str) -> Result<Vec<String>> {
         .await?)
 }
 
+/// Rooms where a user has any membership range and that they have not
+/// forgotten, with whether they are joined there now (an open join range),
+/// by room id.
+pub async fn rooms_joined_of(db: &Db, user_id: &str) -> Result<Vec<(String, bool)>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT m.room_id, MAX(CASE WHEN m.kind = 'join' AND m.max_seq IS NULL THEN 1 ELSE 0 END) \
+         FROM memberships m WHERE m.user_id = $1 AND NOT EXISTS \
+           (SELECT 1 FROM forgotten_rooms f WHERE f.user_id = m.user_id AND f.room_id = m.room_id) \
+         GROUP BY m.room_id ORDER BY m.room_id",
+    )
+    .bind(user_id)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows.into_iter().map(|(room, joined)| (room, joined != 0)).collect())
+}
+
 /// Every range of every user of `server_name` in a room (what decides what
 /// that server may be sent), by start.
 pub async fn server_ranges(db: &Db, room_id: &str, server_name: &str) -> Result<Vec<Range>> {

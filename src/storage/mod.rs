@@ -365,6 +365,37 @@ mod state_tests;
 mod tests {
     use super::*;
 
+    /// The device-list and presence queries start from the user's own
+    /// member rows. Left to itself, SQLite started one half of each from
+    /// every member row of every room on the server (a scan that grew with
+    /// the whole server on each incremental sync).
+    #[tokio::test]
+    async fn room_sharing_queries_start_from_the_users_rooms() {
+        let dir = std::env::temp_dir().join(format!("seqline-plans-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("seqline.db").display());
+        let db = Db::connect(&url, SqliteSynchronous::Full).await.unwrap();
+        for sql in [events::sql::MEMBER_MOVERS, events::sql::ROOM_PEERS] {
+            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                .bind("@u:x")
+                .bind(1_i64)
+                .bind(2_i64)
+                .fetch_all(&db.pool)
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| sqlx::Row::get::<String, _>(row, 3))
+                .collect();
+            let scans_every_member = |line: &&String| {
+                line.starts_with("SCAN") || line.ends_with("room_state_members (event_type=?)")
+            };
+            assert!(!plan.iter().any(|l| scans_every_member(&l)), "{sql}\n{plan:#?}");
+        }
+        db.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Commits are synced (FULL) and reach the database file itself through
     /// the background checkpointer alone (commits never checkpoint).
     #[tokio::test]

@@ -113,12 +113,16 @@ pub const DEFAULT_TIMELINE_LIMIT: usize = 10;
 /// client is willing to wait, waits until the user is woken or the timeout.
 pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result<Value> {
     let deadline = Instant::now() + req.timeout;
-    // Subscribe before reading the position: a write landing in between still wakes us.
+    // Subscribe, and watch the rooms joined, before reading the position: a
+    // write landing in between still wakes us.
     let mut wake = state.notifier.subscribe(me.user_id.as_str());
     loop {
         wake.borrow_and_update();
+        let rooms = memberships::rooms_joined_of(&state.db, me.user_id.as_str()).await?;
+        let joined: Vec<String> = rooms.iter().filter(|(_, j)| *j).map(|(r, _)| r.clone()).collect();
+        let _watch = state.notifier.watch_rooms(me.user_id.as_str(), joined);
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
-        let (body, has_news) = build(state, me, req, now).await?;
+        let (body, has_news) = build(state, me, req, now, &rooms).await?;
         if has_news || req.since.is_none() || req.full_state || Instant::now() >= deadline {
             return Ok(body);
         }
@@ -131,7 +135,7 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
                     typing: state.typing.serial(),
                     to_device: None,
                 };
-                return Ok(build(state, me, req, now).await?.0);
+                return Ok(build(state, me, req, now, &rooms).await?.0);
             }
         }
     }
@@ -228,7 +232,15 @@ async fn format_events(
     read::format_events(state, view, access, me, &refs).await
 }
 
-async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) -> Result<(Value, bool)> {
+/// Builds the answer from `since` to `now`; `rooms` are the user's rooms (any
+/// membership range), each with whether they are joined now.
+async fn build(
+    state: &AppState,
+    me: &Requester,
+    req: &SyncRequest,
+    now: Token,
+    rooms: &[(String, bool)],
+) -> Result<(Value, bool)> {
     let since = req.since.unwrap_or_default();
     let initial = req.since.is_none();
     let mut join = Map::new();
@@ -249,29 +261,38 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
             room_data.push((room_id, kind, serde_json::to_string(&content).unwrap_or_default()));
         }
     }
+    // The push rules (for the counts) and the ignored users, in one read.
+    let personal = account_data::global_of_types(
+        &state.db,
+        me.user_id.as_str(),
+        &["m.push_rules", "m.ignored_user_list"],
+    )
+    .await?;
+    let stored = |kind: &str| personal.iter().find(|(k, _)| k == kind).map(|(_, c)| c.as_str());
+    let rules = crate::notify::rules_from(state, &me.user_id, stored("m.push_rules"))?;
+    let ignored = ignored_users(stored("m.ignored_user_list"));
     // An initial sync carries the push rules even when the user never
     // changed them (clients read them from there).
     if initial && !global_data.iter().any(|d| d["type"] == "m.push_rules") {
-        let rules = crate::notify::ruleset(state, &me.user_id).await?;
-        global_data.push(json!({ "type": "m.push_rules", "content": { "global": rules } }));
+        global_data.push(json!({ "type": "m.push_rules", "content": { "global": *rules } }));
     }
     has_news |= !global_data.is_empty();
-    let ignored = ignored_users(state, &me.user_id).await?;
 
-    for room_id in memberships::rooms_of(&state.db, me.user_id.as_str()).await? {
+    for (room_id, _) in rooms {
+        let room_id = room_id.clone();
         if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
             || req.filter.not_rooms.contains(&room_id)
         {
             continue;
         }
-        if memberships::is_forgotten(&state.db, me.user_id.as_str(), &room_id).await? {
-            continue;
-        }
         let rid = RoomId::parse(&room_id).map_err(|e| Error::Internal(e.to_string()))?;
         let view = read::open(state, &rid).await?;
         let access = read::access(state, &view, &me.user_id).await?;
-        let since_seq = if initial { 0 } else { seq_at(state, &room_id, since.stream).await? };
-        let now_seq = seq_at(state, &room_id, now.stream).await?;
+        let (since_seq, now_seq) = if initial {
+            (0, seq_at(state, &room_id, now.stream).await?)
+        } else {
+            events::seqs_at_streams(&state.db, &room_id, since.stream, now.stream).await?
+        };
         let membership = access.history.at(now_seq).to_owned();
         let data: Vec<Value> = room_data
             .iter()
@@ -281,7 +302,8 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         match membership.as_str() {
             "join" => {
                 if let Some(room) =
-                    joined_room(state, me, req, &view, &access, since, now, since_seq, now_seq, data).await?
+                    joined_room(state, me, req, &view, &access, since, now, since_seq, now_seq, data, &rules)
+                        .await?
                 {
                     has_news = true;
                     join.insert(room_id, room);
@@ -378,9 +400,8 @@ async fn build(state: &AppState, me: &Requester, req: &SyncRequest, now: Token) 
         device_list_movement(state, &me.user_id, since.stream, now.stream).await?
     };
     has_news |= !to_device.is_empty() || !changed.is_empty() || !left.is_empty();
-    let otk = crate::account::e2ee::otk_counts(state, me.user_id.as_str(), me.device_id.as_str()).await?;
-    let fallback =
-        keys::unused_fallback_algorithms(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
+    let (otk, fallback) = keys::key_counts(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
+    let otk = crate::account::e2ee::otk_counts_json(otk);
 
     // Nobody has set a presence: no need to look up who shares a room.
     let presence = if state.presence.is_empty() {
@@ -474,17 +495,11 @@ async fn state_section(
                 let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
                 wanted.sort_unstable();
                 wanted.dedup();
-                for user in wanted {
-                    if rows.iter().any(|r| member_key(r).as_deref() == Some(user)) {
-                        continue;
-                    }
-                    if let Some(m) =
-                        events::state_event_at(&state.db, room_id, "m.room.member", user, at).await?
-                    {
-                        rows.push(m);
-                    }
+                wanted.retain(|user| !rows.iter().any(|r| member_key(r).as_deref() == Some(*user)));
+                if !wanted.is_empty() {
+                    rows.extend(events::members_at(&state.db, room_id, &wanted, at).await?);
+                    rows.sort_by_key(|e| e.seq);
                 }
-                rows.sort_by_key(|e| e.seq);
             }
             rows
         }
@@ -495,12 +510,7 @@ async fn state_section(
             wanted.push(me.user_id.as_str());
             wanted.sort_unstable();
             wanted.dedup();
-            for user in wanted {
-                if let Some(m) = events::state_event_at(&state.db, room_id, "m.room.member", user, at).await?
-                {
-                    rows.push(m);
-                }
-            }
+            rows.extend(events::members_at(&state.db, room_id, &wanted, at).await?);
             rows.sort_by_key(|e| e.seq);
             rows
         }
@@ -542,6 +552,7 @@ async fn joined_room(
     since_seq: i64,
     now_seq: i64,
     account_data: Vec<Value>,
+    rules: &std::sync::Arc<ruma::push::Ruleset>,
 ) -> Result<Option<Value>> {
     let initial = req.since.is_none();
     let room_id = view.room.room_id.as_str();
@@ -604,7 +615,7 @@ async fn joined_room(
     if !initial && !req.full_state && !news {
         return Ok(None);
     }
-    let counts = crate::notify::counts(state, view, access, me, now_seq).await?;
+    let counts = crate::notify::counts(state, view, access, me, rules, now_seq).await?;
     let (notify, highlight) = if req.filter.unread_thread_notifications {
         counts.main()
     } else {
@@ -669,13 +680,10 @@ async fn left_room(
     Ok(room)
 }
 
-/// The users `me` ignores (`m.ignored_user_list` account data).
-async fn ignored_users(state: &AppState, me: &UserId) -> Result<std::collections::HashSet<String>> {
-    let Some(text) = account_data::get(&state.db, me.as_str(), "", "m.ignored_user_list").await? else {
-        return Ok(Default::default());
-    };
-    let value: Value = serde_json::from_str(&text).unwrap_or_default();
-    Ok(value["ignored_users"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default())
+/// The users ignored per the stored `m.ignored_user_list` content.
+fn ignored_users(stored: Option<&str>) -> std::collections::HashSet<String> {
+    let value: Value = stored.and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default();
+    value["ignored_users"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
 }
 
 /// Whether `me`'s pending invite into `room_id` comes from a user they

@@ -1,5 +1,7 @@
 //! Writes that only /sync shows: account data, receipts, typing. Each takes a
-//! stream position (typing: a serial), then wakes exactly the users concerned.
+//! stream position (typing: a serial), then wakes exactly the users concerned
+//! (a room's ephemeral events: the waiting syncs watching the room, which
+//! are those of its joined members).
 
 use std::time::Duration;
 
@@ -9,11 +11,6 @@ use crate::error::{Error, Result};
 use crate::room::read;
 use crate::state::AppState;
 use crate::storage::{self, account_data, receipts};
-
-/// Users joined to the room now: whom its ephemeral events concern.
-async fn room_members(state: &AppState, room_id: &str) -> Result<Vec<String>> {
-    crate::storage::events::joined_members(&state.db, room_id).await
-}
 
 /// Sets account data (`room_id` `None` for global) and wakes the user.
 pub async fn set_account_data(
@@ -74,8 +71,7 @@ pub async fn set_receipt(
     if receipt_type == "m.read.private" {
         state.notifier.wake([user.as_str()]);
     } else {
-        let members = room_members(state, room_id.as_str()).await?;
-        state.notifier.wake(members.iter().map(String::as_str));
+        state.notifier.wake_room(room_id.as_str(), []);
     }
     Ok(())
 }
@@ -90,8 +86,7 @@ pub async fn set_typing(
     read::open(state, room_id).await?;
     read::require_joined(state, room_id, user).await?;
     if state.typing.set(room_id.as_str(), user.as_str(), timeout) {
-        let members = room_members(state, room_id.as_str()).await?;
-        state.notifier.wake(members.iter().map(String::as_str));
+        state.notifier.wake_room(room_id.as_str(), []);
     }
     Ok(())
 }
@@ -99,8 +94,7 @@ pub async fn set_typing(
 /// Expires typing notices; run every second by the server.
 pub async fn expire_typing(state: &AppState) -> Result<()> {
     for room_id in state.typing.expire() {
-        let members = room_members(state, &room_id).await?;
-        state.notifier.wake(members.iter().map(String::as_str));
+        state.notifier.wake_room(&room_id, []);
     }
     Ok(())
 }

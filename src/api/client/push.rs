@@ -175,6 +175,7 @@ async fn notifications(state: AppState, req: Ruma<get_notifications::v3::Request
     };
     let only_highlight = req.body.only.as_deref() == Some("highlight");
     let mut found: Vec<(i64, Value)> = Vec::new();
+    let rules = crate::notify::rules_of(&state, &me.user_id).await?;
     for room in crate::storage::events::rooms_with_membership(&state.db, me.user_id.as_str(), "join").await? {
         let room_id =
             ruma::OwnedRoomId::try_from(room.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
@@ -186,6 +187,7 @@ async fn notifications(state: AppState, req: Ruma<get_notifications::v3::Request
             &view,
             &access,
             me,
+            &rules,
             0,
             view.room.last_seq,
             NOTIFICATION_WINDOW,
