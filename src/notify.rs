@@ -215,16 +215,24 @@ pub async fn read_marks(state: &AppState, room_id: &str, user: &UserId) -> Resul
     .bind(user.as_str())
     .fetch_all(&state.db.pool)
     .await?;
-    let mut marks = ReadMarks::default();
-    for (thread, seq) in rows {
-        let seq = seq.unwrap_or(0);
-        if thread.is_empty() {
-            marks.unthreaded = seq;
-        } else {
-            marks.threads.insert(thread, seq);
+    Ok(ReadMarks::from_rows(rows))
+}
+
+impl ReadMarks {
+    /// From the highest seq each receipt reaches, per thread id ('' for
+    /// unthreaded).
+    pub fn from_rows(rows: Vec<(String, Option<i64>)>) -> Self {
+        let mut marks = Self::default();
+        for (thread, seq) in rows {
+            let seq = seq.unwrap_or(0);
+            if thread.is_empty() {
+                marks.unthreaded = seq;
+            } else {
+                marks.threads.insert(thread, seq);
+            }
         }
+        marks
     }
-    Ok(marks)
 }
 
 /// What the rules could say of an event knowing only its type, state key
@@ -337,9 +345,10 @@ pub fn others_membership_silent(rules: &Ruleset, room_id: &str, me: &str) -> boo
 
 /// The readable events from others in `(after, upto]` that may notify
 /// ([`may_notify`]), newest first, with what the rules say of each; at most
-/// `limit` events of the range are looked at, leaving out the user's own and,
-/// when the rules leave them silent, others' member events. Only the events
-/// that may notify are loaded: in a room of joins and leaves none is.
+/// `limit` events of the range are looked at, leaving out (in SQL) the user's
+/// own and, when the rules leave them silent, others' member events; of the
+/// rest only those that may notify are evaluated. In a room of joins and
+/// leaves nothing is read at all.
 #[allow(clippy::too_many_arguments)]
 pub async fn evaluate_range(
     state: &AppState,
@@ -355,39 +364,38 @@ pub async fn evaluate_range(
         return Ok(Vec::new());
     }
     let room_id = view.room.room_id.as_str();
-    let mut wanted = Vec::new();
     let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
     let me_str = me.user_id.as_str();
-    let skip = events::ShapeSkip {
+    let skip = events::CandidateSkip {
         sender: me_str,
         others_membership: others_membership_silent(rules, room_id, me_str),
     };
+    let mut evaluator = None;
+    let mut out = Vec::new();
     for (lo, hi) in history::readable_spans(access, Dir::Backward, upto, Some(after)) {
         if left <= 0 {
             break;
         }
-        let shapes = events::shapes(&state.db, room_id, lo, hi, &skip, left).await?;
-        left -= i64::try_from(shapes.len()).unwrap_or(i64::MAX);
-        for (seq, kind, state_key, sender) in shapes {
-            let state_key = state_key.as_deref().map_or(StateKey::None, StateKey::Is);
-            let shape = Shape { kind: &kind, state_key, sender: Some(&sender) };
-            if may_notify(rules, room_id, &shape) {
-                wanted.push(seq);
+        let rows = events::unread_candidates(&state.db, room_id, lo, hi, &skip, left).await?;
+        left -= i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        for stored in rows {
+            let loaded = read::load(state, stored).await?;
+            let kind = loaded.pdu.kind.to_string();
+            let state_key = loaded.pdu.state_key.as_deref().map_or(StateKey::None, StateKey::Is);
+            let shape = Shape { kind: &kind, state_key, sender: Some(loaded.pdu.sender.as_str()) };
+            if !may_notify(rules, room_id, &shape) {
+                continue;
             }
+            let evaluator = match &mut evaluator {
+                Some(e) => e,
+                None => {
+                    evaluator.insert(Evaluator::with_rules(state, view, &me.user_id, rules.clone()).await?)
+                }
+            };
+            let event = read::format(view, &loaded, me, &access.history);
+            let outcome = evaluator.evaluate(&event).await;
+            out.push((loaded, outcome));
         }
-    }
-    if wanted.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut stored = events::at_seqs(&state.db, room_id, &wanted).await?;
-    stored.sort_by_key(|e| std::cmp::Reverse(e.seq));
-    let evaluator = Evaluator::with_rules(state, view, &me.user_id, rules.clone()).await?;
-    let mut out = Vec::with_capacity(stored.len());
-    for stored in stored {
-        let loaded = read::load(state, stored).await?;
-        let event = read::format(view, &loaded, me, &access.history);
-        let outcome = evaluator.evaluate(&event).await;
-        out.push((loaded, outcome));
     }
     Ok(out)
 }
@@ -455,9 +463,9 @@ pub async fn counts(
     access: &Access,
     me: &Requester,
     rules: &Arc<Ruleset>,
+    marks: ReadMarks,
     upto: i64,
 ) -> Result<Counts> {
-    let marks = read_marks(state, &view.room.room_id, &me.user_id).await?;
     let key = (me.user_id.to_string(), view.room.room_id.clone());
     let cached = state.counts.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
     let counts = match cached {
@@ -523,7 +531,8 @@ async fn push_for_user(state: &AppState, room_id: &str, lo: i64, hi: i64, user: 
     let me = Requester { user_id: user_id.clone(), device_id: "PUSHER".into(), is_admin: false };
     let rules = rules_of(state, &user_id).await?;
     let events = evaluate_range(state, &view, &access, &me, &rules, lo - 1, hi, 100).await?;
-    let unread = counts(state, &view, &access, &me, &rules, hi).await?.notify;
+    let marks = read_marks(state, room_id, &user_id).await?;
+    let unread = counts(state, &view, &access, &me, &rules, marks, hi).await?.notify;
     for (loaded, outcome) in events.into_iter().rev() {
         if !outcome.notify {
             continue;

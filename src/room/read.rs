@@ -39,7 +39,11 @@ pub fn not_a_member() -> Error {
 
 /// Opens a room; an unknown room is the 403 of [`not_a_member`].
 pub async fn open(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
-    let room = rooms::get(&state.db, room_id.as_str()).await?.ok_or_else(not_a_member)?;
+    view_of(rooms::get(&state.db, room_id.as_str()).await?.ok_or_else(not_a_member)?)
+}
+
+/// A room opened from its row (read with others, say).
+pub fn view_of(room: RoomRow) -> Result<RoomView> {
     let (_, rules) = super::rules_for(&room.room_version)?;
     Ok(RoomView { room, rules })
 }

@@ -38,31 +38,41 @@ pub async fn get(db: &Db, user_id: &str, room_id: &str, data_type: &str) -> Resu
     .await?)
 }
 
-/// The user's global account data of these types that is set: (type, content).
-pub async fn global_of_types(db: &Db, user_id: &str, types: &[&str]) -> Result<Vec<(String, String)>> {
-    let list: Vec<String> = (0..types.len()).map(|i| format!("${}", i + 2)).collect();
+/// Account data changed in `(after, upto]` (`changed`: (room_id, type,
+/// content), in stream order) and the user's global account data of
+/// `types` whatever its age (`wanted`: (type, content)), in one statement.
+pub async fn changed_and_wanted(
+    db: &Db,
+    user_id: &str,
+    after: i64,
+    upto: i64,
+    types: &[&str],
+) -> Result<(Vec<(String, String, String)>, Vec<(String, String)>)> {
+    let list: Vec<String> = (0..types.len()).map(|i| format!("${}", i + 4)).collect();
     let sql = format!(
-        "SELECT data_type, content FROM account_data WHERE user_id = $1 AND room_id = '' AND data_type IN ({})",
+        "SELECT room_id, data_type, content, CASE WHEN stream > $2 AND stream <= $3 THEN 1 ELSE 0 END \
+         FROM account_data WHERE user_id = $1 \
+           AND ((stream > $2 AND stream <= $3) OR (room_id = '' AND data_type IN ({}))) \
+         ORDER BY stream",
         list.join(", ")
     );
-    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(user_id);
+    let mut query = sqlx::query_as::<_, (String, String, String, i64)>(sqlx::AssertSqlSafe(sql))
+        .bind(user_id)
+        .bind(after)
+        .bind(upto);
     for t in types {
         query = query.bind(*t);
     }
-    Ok(query.fetch_all(&db.pool).await?)
-}
-
-/// Account data changed in `(after, upto]`: (room_id, type, content).
-pub async fn changed(db: &Db, user_id: &str, after: i64, upto: i64) -> Result<Vec<(String, String, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT room_id, data_type, content FROM account_data WHERE user_id = $1 AND stream > $2 AND stream <= $3 \
-         ORDER BY stream",
-    )
-    .bind(user_id)
-    .bind(after)
-    .bind(upto)
-    .fetch_all(&db.pool)
-    .await?)
+    let (mut changed, mut wanted) = (Vec::new(), Vec::new());
+    for (room_id, kind, content, is_changed) in query.fetch_all(&db.pool).await? {
+        if room_id.is_empty() && types.contains(&kind.as_str()) {
+            wanted.push((kind.clone(), content.clone()));
+        }
+        if is_changed == 1 {
+            changed.push((room_id, kind, content));
+        }
+    }
+    Ok((changed, wanted))
 }
 
 /// Stores a filter; returns its id.

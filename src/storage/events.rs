@@ -420,34 +420,33 @@ pub async fn range(
     Ok(rows.into_iter().map(from_row).collect())
 }
 
-/// What [`shapes`] leaves out.
+/// What [`unread_candidates`] leaves out.
 #[derive(Debug, Clone, Copy)]
-pub struct ShapeSkip<'a> {
+pub struct CandidateSkip<'a> {
     /// This sender's events.
     pub sender: &'a str,
     /// Member events whose state key is not `sender`.
     pub others_membership: bool,
 }
 
-/// Seq, type, state key and sender of the events with seq in `lo..=hi`
-/// but those `skip` names, highest first, at most `limit`: what push rules
-/// can be asked without reading any event's JSON.
-pub async fn shapes(
+/// The events with seq in `lo..=hi` but those `skip` names, highest first,
+/// at most `limit`: the events unread counting may have to evaluate.
+pub async fn unread_candidates(
     db: &Db,
     room_id: &str,
     lo: i64,
     hi: i64,
-    skip: &ShapeSkip<'_>,
+    skip: &CandidateSkip<'_>,
     limit: i64,
-) -> Result<Vec<(i64, String, Option<String>, String)>> {
+) -> Result<Vec<StoredEvent>> {
     let members = if skip.others_membership {
-        "AND NOT (event_type = 'm.room.member' AND state_key <> $4)"
+        "AND NOT (e.event_type = 'm.room.member' AND e.state_key <> $4)"
     } else {
         ""
     };
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT seq, event_type, state_key, sender FROM events \
-         WHERE room_id = $1 AND seq >= $2 AND seq <= $3 AND sender <> $4 {members} ORDER BY seq DESC LIMIT $5"
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 \
+         AND e.sender <> $4 {members} ORDER BY e.seq DESC LIMIT $5"
     )))
     .bind(room_id)
     .bind(lo)
@@ -455,7 +454,8 @@ pub async fn shapes(
     .bind(skip.sender)
     .bind(limit)
     .fetch_all(&db.pool)
-    .await?)
+    .await?;
+    Ok(rows.into_iter().map(from_row).collect())
 }
 
 /// The placed events among `ids`, in no particular order.
@@ -582,7 +582,21 @@ pub(super) mod sql {
         )
     }
 
-    /// [`super::member_movers`]: $1 user, $2 after, $3 upto. Both halves
+    /// [`super::device_list_window`]: $1 user, $2 after, $3 upto.
+    pub(in crate::storage) fn device_list_window() -> String {
+        format!(
+            "SELECT d.user_id, NULL, 0 FROM device_list_updates d WHERE d.stream > $2 AND d.stream <= $3 \
+               AND (d.user_id = $1 OR EXISTS (SELECT 1 FROM room_state a CROSS JOIN room_state b \
+                    WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
+                      AND b.room_id = a.room_id AND b.event_type = 'm.room.member' AND b.state_key = d.user_id \
+                      AND b.membership = 'join')) \
+             UNION ALL \
+             SELECT x.state_key, x.membership, 1 FROM ({}) x",
+            MEMBER_MOVERS
+        )
+    }
+
+    /// The movers of [`super::device_list_window`]: $1 user, $2 after, $3 upto. Both halves
     /// start from the user's own member rows (`CROSS JOIN`, `EXISTS`): left
     /// to itself SQLite starts the second from every member row of every room.
     pub(in crate::storage) const MEMBER_MOVERS: &str = "SELECT DISTINCT e.state_key, cur.membership FROM room_state mine \
@@ -648,6 +662,29 @@ pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<Stri
     .bind(limit)
     .fetch_all(&db.pool)
     .await?)
+}
+
+/// The rooms among `rooms` with an event or a receipt at a stream position
+/// in `(after, upto]`: the only ones an incremental `/sync` can have news of
+/// (besides typing and room account data, which it knows apart). One index
+/// seek per room and table, in one statement.
+pub async fn rooms_changed(db: &Db, rooms: &[&str], after: i64, upto: i64) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for chunk in rooms.chunks(super::outliers::IDS_PER_QUERY) {
+        let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
+        let sql = format!(
+            "SELECT x.room_id FROM rooms x WHERE x.room_id IN ({}) \
+             AND (EXISTS (SELECT 1 FROM events e WHERE e.room_id = x.room_id AND e.stream > $1 AND e.stream <= $2) \
+               OR EXISTS (SELECT 1 FROM receipts r WHERE r.room_id = x.room_id AND r.stream > $1 AND r.stream <= $2))",
+            list.join(", ")
+        );
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)).bind(after).bind(upto);
+        for room in chunk {
+            query = query.bind(*room);
+        }
+        out.extend(query.fetch_all(&db.pool).await?);
+    }
+    Ok(out)
 }
 
 /// [`seq_at_stream`] at two positions in one statement.
@@ -722,18 +759,36 @@ pub async fn room_peers(db: &Db, user: &str) -> Result<Vec<String>> {
     room_peers_inner(db, user).await
 }
 
-/// For `/sync`'s device lists: the users (not `user`) whose membership
-/// changed in `(after, upto]` in a room `user` is joined to now, each with
-/// whether they are joined to that room now; and when `user`'s own join
-/// falls in that window, every member joined to that room now.
-pub async fn member_movers(db: &Db, user: &str, after: i64, upto: i64) -> Result<Vec<(String, bool)>> {
-    let rows: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql::MEMBER_MOVERS))
+/// For `/sync`'s device lists, in one statement: the users whose devices or
+/// keys changed in `(after, upto]` and who share a room with `user` now (or
+/// are `user`), sorted; and the users (not `user`) whose membership changed
+/// in that window in a room `user` is joined to now, each with whether they
+/// are joined to it now, and when `user`'s own join falls in the window,
+/// every member joined to that room now.
+pub async fn device_list_window(
+    db: &Db,
+    user: &str,
+    after: i64,
+    upto: i64,
+) -> Result<(Vec<String>, Vec<(String, bool)>)> {
+    let sql = sql::device_list_window();
+    let rows: Vec<(String, Option<String>, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(user)
         .bind(after)
         .bind(upto)
         .fetch_all(&db.pool)
         .await?;
-    Ok(rows.into_iter().map(|(u, m)| (u, m.as_deref() == Some("join"))).collect())
+    let (mut changed, mut movers) = (Vec::new(), Vec::new());
+    for (who, membership, kind) in rows {
+        if kind == 0 {
+            changed.push(who);
+        } else {
+            movers.push((who, membership.as_deref() == Some("join")));
+        }
+    }
+    changed.sort();
+    changed.dedup();
+    Ok((changed, movers))
 }
 
 async fn room_peers_inner(db: &Db, user: &str) -> Result<Vec<String>> {

@@ -282,17 +282,6 @@ pub async fn device_list_changed_in(conn: &mut AnyConnection, user: &str, stream
     Ok(())
 }
 
-/// Users whose device lists changed in `(after, upto]`.
-pub async fn device_lists_changed(db: &Db, after: i64, upto: i64) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "SELECT DISTINCT user_id FROM device_list_updates WHERE stream > $1 AND stream <= $2 ORDER BY user_id",
-    )
-    .bind(after)
-    .bind(upto)
-    .fetch_all(&db.pool)
-    .await?)
-}
-
 /// Queues a to-device message (inside the sender's transaction).
 #[allow(clippy::too_many_arguments)]
 pub async fn put_to_device(
@@ -337,30 +326,36 @@ pub async fn pending_to_device(
     Ok(rows.into_iter().collect())
 }
 
-/// To-device messages for a device up to `upto`, at most `limit`, oldest
-/// first, after dropping those at or below `acked` (the client's token: it
-/// has them): (stream, sender, type, content). A caller that sends fewer than
-/// all up to `upto` must acknowledge only up to the last it sent.
-pub async fn take_to_device(
-    db: &Db,
-    user: &str,
-    device: &str,
-    acked: i64,
-    upto: i64,
-    limit: i64,
-) -> Result<Vec<(i64, String, String, String)>> {
+/// Drops a device's to-device messages at or below `acked` (the client's
+/// token says it has them).
+pub async fn ack_to_device(db: &Db, user: &str, device: &str, acked: i64) -> Result<()> {
     sqlx::query("DELETE FROM to_device WHERE user_id = $1 AND device_id = $2 AND stream <= $3")
         .bind(user)
         .bind(device)
         .bind(acked)
         .execute(&db.pool)
         .await?;
+    Ok(())
+}
+
+/// To-device messages for a device in `(after, upto]`, at most `limit`,
+/// oldest first: (stream, sender, type, content). A caller that sends fewer
+/// than all up to `upto` must acknowledge only up to the last it sent.
+pub async fn to_device_between(
+    db: &Db,
+    user: &str,
+    device: &str,
+    after: i64,
+    upto: i64,
+    limit: i64,
+) -> Result<Vec<(i64, String, String, String)>> {
     Ok(sqlx::query_as(
         "SELECT stream, sender, event_type, content FROM to_device \
-         WHERE user_id = $1 AND device_id = $2 AND stream <= $3 ORDER BY stream LIMIT $4",
+         WHERE user_id = $1 AND device_id = $2 AND stream > $3 AND stream <= $4 ORDER BY stream LIMIT $5",
     )
     .bind(user)
     .bind(device)
+    .bind(after)
     .bind(upto)
     .bind(limit)
     .fetch_all(&db.pool)

@@ -376,7 +376,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let url = format!("sqlite://{}", dir.join("seqline.db").display());
         let db = Db::connect(&url, SqliteSynchronous::Full).await.unwrap();
-        for sql in [events::sql::MEMBER_MOVERS, events::sql::ROOM_PEERS] {
+        for sql in [events::sql::device_list_window().as_str(), events::sql::ROOM_PEERS] {
             let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
                 .bind("@u:x")
                 .bind(1_i64)
@@ -388,7 +388,9 @@ mod tests {
                 .map(|row| sqlx::Row::get::<String, _>(row, 3))
                 .collect();
             let scans_every_member = |line: &&String| {
-                line.starts_with("SCAN") || line.ends_with("room_state_members (event_type=?)")
+                // (`x` is a subquery's result, not a table.)
+                (line.starts_with("SCAN") && line.as_str() != "SCAN x")
+                    || line.ends_with("room_state_members (event_type=?)")
             };
             assert!(!plan.iter().any(|l| scans_every_member(&l)), "{sql}\n{plan:#?}");
         }

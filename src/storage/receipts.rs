@@ -20,6 +20,48 @@ pub struct Receipt {
     pub ts: i64,
 }
 
+/// A row of [`changed_and_read_up_to`]: a receipt's columns, then the seq
+/// a read mark reaches, whether the row is a read mark, and its stream.
+type ReceiptOrMark = (String, String, String, String, String, i64, Option<i64>, i64, i64);
+
+/// Receipts of the room changed in `(after, upto]`, in stream order, and,
+/// in the same statement, `user`'s read receipts (public
+/// or private) in the room: the highest seq they reach per thread id ('' for
+/// unthreaded), what unread counting starts from.
+pub async fn changed_and_read_up_to(
+    db: &Db,
+    room_id: &str,
+    after: i64,
+    upto: i64,
+    user: &str,
+) -> Result<(Vec<Receipt>, Vec<(String, Option<i64>)>)> {
+    let rows: Vec<ReceiptOrMark> = sqlx::query_as(
+        "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts, NULL, 0, stream FROM receipts \
+         WHERE room_id = $1 AND stream > $2 AND stream <= $3 \
+         UNION ALL \
+         SELECT '', '', '', r.thread_id, '', 0, MAX(e.seq), 1, 0 FROM receipts r \
+           JOIN events e ON e.event_id = r.event_id \
+         WHERE r.room_id = $1 AND r.user_id = $4 AND r.receipt_type IN ('m.read', 'm.read.private') \
+         GROUP BY r.thread_id \
+         ORDER BY 8, 9",
+    )
+    .bind(room_id)
+    .bind(after)
+    .bind(upto)
+    .bind(user)
+    .fetch_all(&db.pool)
+    .await?;
+    let (mut changed, mut marks) = (Vec::new(), Vec::new());
+    for (room_id, user_id, receipt_type, thread_id, event_id, ts, seq, mine, _) in rows {
+        if mine == 1 {
+            marks.push((thread_id, seq));
+        } else {
+            changed.push(Receipt { room_id, user_id, receipt_type, thread_id, event_id, ts });
+        }
+    }
+    Ok((changed, marks))
+}
+
 /// Sets a receipt at stream position `stream`.
 pub async fn put(db: &Db, r: &Receipt, stream: i64) -> Result<()> {
     sqlx::query(
@@ -38,28 +80,4 @@ pub async fn put(db: &Db, r: &Receipt, stream: i64) -> Result<()> {
     .execute(&db.pool)
     .await?;
     Ok(())
-}
-
-/// Receipts in a room changed in `(after, upto]` (all of them for `after` = 0).
-pub async fn changed(db: &Db, room_id: &str, after: i64, upto: i64) -> Result<Vec<Receipt>> {
-    let rows: Vec<(String, String, String, String, String, i64)> = sqlx::query_as(
-        "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts FROM receipts \
-         WHERE room_id = $1 AND stream > $2 AND stream <= $3 ORDER BY stream",
-    )
-    .bind(room_id)
-    .bind(after)
-    .bind(upto)
-    .fetch_all(&db.pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(room_id, user_id, receipt_type, thread_id, event_id, ts)| Receipt {
-            room_id,
-            user_id,
-            receipt_type,
-            thread_id,
-            event_id,
-            ts,
-        })
-        .collect())
 }

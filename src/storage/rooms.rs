@@ -70,6 +70,21 @@ pub async fn get(db: &Db, room_id: &str) -> Result<Option<RoomRow>> {
     Ok(row.map(from_row))
 }
 
+/// The rooms among `ids` that exist, in no particular order.
+pub async fn get_many(db: &Db, ids: &[&str]) -> Result<Vec<RoomRow>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(super::outliers::IDS_PER_QUERY) {
+        let list: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+        let sql = format!("SELECT {COLUMNS} FROM rooms WHERE room_id IN ({})", list.join(", "));
+        let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        out.extend(query.fetch_all(&db.pool).await?.into_iter().map(from_row));
+    }
+    Ok(out)
+}
+
 /// Inserts a new room with an empty seq line.
 pub async fn insert(
     conn: &mut AnyConnection,

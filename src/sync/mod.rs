@@ -13,7 +13,7 @@ pub mod writes;
 
 use std::time::{Duration, Instant};
 
-use ruma::{OwnedUserId, RoomId, UserId};
+use ruma::{OwnedUserId, UserId};
 use serde_json::{Map, Value, json};
 
 use crate::account::Requester;
@@ -152,33 +152,6 @@ pub async fn room_peers(state: &AppState, me: &UserId) -> Result<Vec<String>> {
     events::room_peers(&state.db, me.as_str()).await
 }
 
-/// Users whose devices or keys changed in `(after, upto]` and who share a room
-/// with `me` now (or are `me`).
-pub async fn device_list_changes(
-    state: &AppState,
-    me: &UserId,
-    after: i64,
-    upto: i64,
-) -> Result<Vec<String>> {
-    let changed = keys::device_lists_changed(&state.db, after, upto).await?;
-    if changed.is_empty() {
-        return Ok(changed);
-    }
-    let my_rooms = events::rooms_with_membership(&state.db, me.as_str(), "join").await?;
-    let mut out = Vec::new();
-    for user in changed {
-        if user == me.as_str() {
-            out.push(user);
-            continue;
-        }
-        let theirs = events::rooms_with_membership(&state.db, &user, "join").await?;
-        if theirs.iter().any(|r| my_rooms.contains(r)) {
-            out.push(user);
-        }
-    }
-    Ok(out)
-}
-
 /// `device_lists` of an incremental sync: `changed` holds the users whose
 /// devices or keys changed and who share a room with `me`, and those who
 /// newly share one (they joined a room of `me`'s, or `me` joined theirs);
@@ -190,8 +163,7 @@ pub async fn device_list_movement(
     after: i64,
     upto: i64,
 ) -> Result<(Vec<String>, Vec<String>, Vec<String>)> {
-    let mut changed = device_list_changes(state, me, after, upto).await?;
-    let movers = events::member_movers(&state.db, me.as_str(), after, upto).await?;
+    let (mut changed, movers) = events::device_list_window(&state.db, me.as_str(), after, upto).await?;
     if movers.is_empty() {
         return Ok((changed, Vec::new(), Vec::new()));
     }
@@ -251,9 +223,17 @@ async fn build(
 
     let mut room_data: Vec<(String, String, String)> = Vec::new();
     let mut global_data = Vec::new();
-    for (room_id, kind, content) in
-        account_data::changed(&state.db, me.user_id.as_str(), since.stream, now.stream).await?
-    {
+    // What changed, and the push rules (for the counts) and the ignored
+    // users whatever their age, in one read.
+    let (changed, personal) = account_data::changed_and_wanted(
+        &state.db,
+        me.user_id.as_str(),
+        since.stream,
+        now.stream,
+        &["m.push_rules", "m.ignored_user_list"],
+    )
+    .await?;
+    for (room_id, kind, content) in changed {
         let content: Value = serde_json::from_str(&content).unwrap_or_else(|_| json!({}));
         if room_id.is_empty() {
             global_data.push(json!({ "type": kind, "content": content }));
@@ -261,13 +241,6 @@ async fn build(
             room_data.push((room_id, kind, serde_json::to_string(&content).unwrap_or_default()));
         }
     }
-    // The push rules (for the counts) and the ignored users, in one read.
-    let personal = account_data::global_of_types(
-        &state.db,
-        me.user_id.as_str(),
-        &["m.push_rules", "m.ignored_user_list"],
-    )
-    .await?;
     let stored = |kind: &str| personal.iter().find(|(k, _)| k == kind).map(|(_, c)| c.as_str());
     let rules = crate::notify::rules_from(state, &me.user_id, stored("m.push_rules"))?;
     let ignored = ignored_users(stored("m.ignored_user_list"));
@@ -278,6 +251,25 @@ async fn build(
     }
     has_news |= !global_data.is_empty();
 
+    // An incremental sync over several rooms looks only into those with
+    // something new (one probe for all); the others have nothing to say.
+    let mut ids: Vec<&str> = rooms.iter().map(|(r, _)| r.as_str()).collect();
+    if !initial && !req.full_state && ids.len() > 1 {
+        let changed = events::rooms_changed(&state.db, &ids, since.stream, now.stream).await?;
+        ids.retain(|room| {
+            changed.iter().any(|c| c == room)
+                || room_data.iter().any(|(r, _, _)| r == room)
+                || state.typing.changed_since(room, Some(since.typing), now.typing).is_some()
+        });
+    }
+    // Every room's row in one read (after `now`: the rows are at least as
+    // new as the position).
+    let mut rows: std::collections::HashMap<String, crate::storage::rooms::RoomRow> =
+        crate::storage::rooms::get_many(&state.db, &ids)
+            .await?
+            .into_iter()
+            .map(|r| (r.room_id.clone(), r))
+            .collect();
     for (room_id, _) in rooms {
         let room_id = room_id.clone();
         if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
@@ -285,8 +277,8 @@ async fn build(
         {
             continue;
         }
-        let rid = RoomId::parse(&room_id).map_err(|e| Error::Internal(e.to_string()))?;
-        let view = read::open(state, &rid).await?;
+        let Some(row) = rows.remove(&room_id) else { continue };
+        let view = read::view_of(row)?;
         let access = read::access(state, &view, &me.user_id).await?;
         let (since_seq, now_seq) = if initial {
             (0, seq_at(state, &room_id, now.stream).await?)
@@ -371,14 +363,24 @@ async fn build(
         invite.insert(room_id, json!({ "invite_state": { "events": events } }));
     }
 
-    // What the client's token says it has is acknowledged (and deleted);
-    // at most TO_DEVICE_PER_SYNC go out, and the token then says how far.
+    // What the client's token says it has is acknowledged: deleted off the
+    // answer's path (what follows reads above it anyway). At most
+    // TO_DEVICE_PER_SYNC go out, and the token then says how far.
+    let acked = since.to_device.unwrap_or(since.stream);
+    if acked > 0 {
+        let (state, user, device) = (state.clone(), me.user_id.to_string(), me.device_id.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = keys::ack_to_device(&state.db, &user, &device, acked).await {
+                tracing::warn!(%user, %device, "to-device messages not dropped after their ack: {e}");
+            }
+        });
+    }
     let mut next = now;
-    let mut rows = keys::take_to_device(
+    let mut rows = keys::to_device_between(
         &state.db,
         me.user_id.as_str(),
         me.device_id.as_str(),
-        since.to_device.unwrap_or(since.stream),
+        acked,
         now.stream,
         TO_DEVICE_PER_SYNC + 1,
     )
@@ -577,7 +579,9 @@ async fn joined_room(
     if let Some(users) = state.typing.changed_since(room_id, req.since.map(|s| s.typing), now.typing) {
         ephemeral.push(json!({ "type": "m.typing", "content": { "user_ids": users } }));
     }
-    let changed = receipts::changed(&state.db, room_id, since.stream, now.stream).await?;
+    let (changed, marks) =
+        receipts::changed_and_read_up_to(&state.db, room_id, since.stream, now.stream, me.user_id.as_str())
+            .await?;
     // One user may hold receipts of one type at one event in several threads
     // (unthreaded and threaded, say): a receipt event holds one per (event,
     // type, user), so the others go in further events (matrix-spec#1727).
@@ -615,7 +619,8 @@ async fn joined_room(
     if !initial && !req.full_state && !news {
         return Ok(None);
     }
-    let counts = crate::notify::counts(state, view, access, me, rules, now_seq).await?;
+    let marks = crate::notify::ReadMarks::from_rows(marks);
+    let counts = crate::notify::counts(state, view, access, me, rules, marks, now_seq).await?;
     let (notify, highlight) = if req.filter.unread_thread_notifications {
         counts.main()
     } else {
