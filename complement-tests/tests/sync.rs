@@ -33,6 +33,7 @@ backend_tests!(
     long_poll_of_a_non_member_is_not_woken,
     read_markers_set_fully_read_and_read_receipt,
     concurrent_senders_reach_the_reader_once_each_in_order,
+    incremental_sync_over_many_rooms_brings_each_kind_of_news,
 );
 
 /// A long-poll that some action must wake well before its end.
@@ -1097,4 +1098,51 @@ async fn concurrent_senders_reach_the_reader_once_each_in_order(backend: Backend
         assert_eq!(mine, expected);
     }
     eprintln!("{} events over {syncs} syncs", seen.len());
+}
+
+/// An incremental sync over several rooms looks only into the rooms with
+/// news: each kind of news (a message, typing, room account data, a
+/// receipt) still brings its room, an untouched room stays out, and a
+/// message in any joined room wakes a long-poll.
+async fn incremental_sync_over_many_rooms_brings_each_kind_of_news(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let mut rooms = Vec::new();
+    for _ in 0..5 {
+        let room = create_room(&server, &bob, json!({ "preset": "public_chat" })).await;
+        join(&server, &alice, &room).await;
+        rooms.push(room);
+    }
+    let read = send_text(&server, &bob, &rooms[3], "r3", "to be read").await;
+    let token = next_batch(&sync(&server, &alice, "").await);
+
+    let sent = send_text(&server, &bob, &rooms[0], "m0", "news in the first").await;
+    let typing_path = room_path(&rooms[1], &format!("/typing/{}", enc(&bob.user_id)));
+    put_ok(&server, &bob, &typing_path, json!({ "typing": true, "timeout": 30000 })).await;
+    let note_path = user_path(&alice, &format!("/rooms/{}/account_data/com.example.note", enc(&rooms[2])));
+    put_ok(&server, &alice, &note_path, json!({ "n": 1 })).await;
+    post_ok(&server, &bob, &room_path(&rooms[3], &format!("/receipt/m.read/{}", enc(&read))), json!({}))
+        .await;
+
+    let body = sync(&server, &alice, &since(&token)).await;
+    let mut got = room_ids(&body, "join");
+    got.sort();
+    let mut want = rooms[..4].to_vec();
+    want.sort();
+    assert_eq!(got, want, "the fifth room had nothing new: {body}");
+    assert_eq!(ids(timeline(room_in(&body, "join", &rooms[0]))), vec![sent], "{body}");
+    let typing = ephemeral(room_in(&body, "join", &rooms[1]), "m.typing").unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(typing["content"], json!({ "user_ids": [bob.user_id] }), "{body}");
+    let note = account_data(&room_in(&body, "join", &rooms[2])["account_data"], "com.example.note");
+    assert_eq!(note, Some(&json!({ "n": 1 })), "{body}");
+    let receipt =
+        ephemeral(room_in(&body, "join", &rooms[3]), "m.receipt").unwrap_or_else(|| panic!("{body}"));
+    assert!(receipt["content"][&read]["m.read"].get(&bob.user_id).is_some(), "{body}");
+
+    let poll = spawn_long_poll(&server, &alice, &next_batch(&body));
+    let last = send_text(&server, &bob, &rooms[4], "m4", "news in the fifth").await;
+    let body = woken(poll, "a message in the fifth room").await;
+    assert_eq!(room_ids(&body, "join"), vec![rooms[4].clone()], "{body}");
+    assert_eq!(ids(timeline(room_in(&body, "join", &rooms[4]))), vec![last], "{body}");
 }

@@ -70,6 +70,7 @@ pub fn client_event(
             redacted_by: None,
             txn_device_id: None,
             txn_id: None,
+            has_children: None,
         };
         unsigned
             .insert("redacted_because".into(), client_event(&stored_redaction, redaction, rules, None, None));

@@ -225,13 +225,12 @@ pub async fn bundles(
     let ids: Vec<&str> = page.iter().map(|e| e.pdu.event_id.as_str()).collect();
     let me_str = me.user_id.as_str();
 
-    let kinds = store::rel_types_of(&state.db, room_id, &ids).await?;
-    let has = |kind: &str| kinds.iter().any(|k| k == kind);
-    let summaries = if has("m.thread") {
-        store::thread_summaries(&state.db, room_id, &ids, spans, me_str).await?
-    } else {
-        Vec::new()
-    };
+    // The page's reader said nothing relates to any of its events: no
+    // bundle to look for.
+    if page.iter().all(|e| e.stored.has_children == Some(false)) {
+        return Ok(HashMap::new());
+    }
+    let summaries = store::thread_summaries(&state.db, room_id, &ids, spans, me_str).await?;
     let latest_seqs: Vec<i64> = summaries.iter().map(|s| s.latest_seq).collect();
     let mut latest: HashMap<i64, Loaded> = HashMap::new();
     for stored in events::at_seqs(&state.db, room_id, &latest_seqs).await? {
@@ -241,11 +240,7 @@ pub async fn bundles(
     // Edits of the page's events and of the latest replies, in one query.
     let mut edited: Vec<&Loaded> = page.to_vec();
     edited.extend(latest.values());
-    let edits = if has("m.replace") || !latest.is_empty() {
-        newest_edits(state, view, access, me, &edited).await?
-    } else {
-        HashMap::new()
-    };
+    let edits = newest_edits(state, view, access, me, &edited).await?;
 
     for summary in summaries {
         let Some(root) = page.iter().find(|e| e.pdu.event_id.as_str() == summary.root) else { continue };
@@ -265,12 +260,7 @@ pub async fn bundles(
         );
     }
     let mut references: HashMap<String, Vec<Value>> = HashMap::new();
-    let found = if has("m.reference") {
-        store::references(&state.db, room_id, &ids, spans).await?
-    } else {
-        Vec::new()
-    };
-    for (parent, child) in found {
+    for (parent, child) in store::references(&state.db, room_id, &ids, spans).await? {
         references.entry(parent).or_default().push(json!({ "event_id": child }));
     }
     for (parent, chunk) in references {

@@ -29,14 +29,20 @@ pub struct StoredEvent {
     pub txn_device_id: Option<String>,
     /// Its transaction id.
     pub txn_id: Option<String>,
+    /// Whether other events relate to it (`event_relations` names it as a
+    /// parent), when the query that read it looked (`None`: not asked).
+    pub has_children: Option<bool>,
 }
 
 pub(super) type Row = (String, i64, String, String, Option<String>, Option<String>, Option<String>);
 
+/// A [`Row`] and whether anything relates to the event (1) or not (0).
+type RowWithChildren = (String, i64, String, String, Option<String>, Option<String>, Option<String>, i64);
+
 pub(super) fn from_row(
     (room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): Row,
 ) -> StoredEvent {
-    StoredEvent { room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id }
+    StoredEvent { room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id, has_children: None }
 }
 
 pub(super) const COLUMNS: &str =
@@ -59,7 +65,16 @@ type RunRow = (String, i64, Option<String>, Option<String>, Option<String>, Opti
 fn from_run_row(
     (room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id): RunRow,
 ) -> Option<StoredEvent> {
-    Some(StoredEvent { room_id, seq, event_id: event_id?, json: json?, redacted_by, txn_device_id, txn_id })
+    Some(StoredEvent {
+        room_id,
+        seq,
+        event_id: event_id?,
+        json: json?,
+        redacted_by,
+        txn_device_id,
+        txn_id,
+        has_children: None,
+    })
 }
 
 /// A new row for the `events` table.
@@ -408,16 +423,33 @@ pub async fn range(
     limit: i64,
 ) -> Result<Vec<StoredEvent>> {
     let order = if descending { "DESC" } else { "ASC" };
-    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 ORDER BY e.seq {order} LIMIT $4"
-    )))
-    .bind(room_id)
-    .bind(lo)
-    .bind(hi)
-    .bind(limit)
-    .fetch_all(&db.pool)
-    .await?;
-    Ok(rows.into_iter().map(from_row).collect())
+    // Whether anything relates to each event comes along (an index probe in
+    // the same statement), so a page without relations needs no bundle query.
+    let rows: Vec<RowWithChildren> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS}, CASE WHEN EXISTS (SELECT 1 FROM event_relations x \
+               WHERE x.room_id = e.room_id AND x.relates_to_id = e.event_id) THEN 1 ELSE 0 END \
+             FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 ORDER BY e.seq {order} LIMIT $4"
+        )))
+        .bind(room_id)
+        .bind(lo)
+        .bind(hi)
+        .bind(limit)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(room_id, seq, event_id, json, redacted_by, txn_device_id, txn_id, children)| StoredEvent {
+            room_id,
+            seq,
+            event_id,
+            json,
+            redacted_by,
+            txn_device_id,
+            txn_id,
+            has_children: Some(children != 0),
+        })
+        .collect())
 }
 
 /// What [`unread_candidates`] leaves out.

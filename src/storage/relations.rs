@@ -197,29 +197,6 @@ pub async fn thread_summaries(
     Ok(out)
 }
 
-/// The relation types of the children of `parents` (any reader's): one
-/// index probe per parent that tells which bundle queries have anything to
-/// find. Most pages have no relations at all, and then none runs.
-pub async fn rel_types_of(db: &Db, room_id: &str, parents: &[&str]) -> Result<Vec<String>> {
-    let mut out: Vec<String> = Vec::new();
-    for chunk in parents.chunks(IDS_PER_QUERY) {
-        let sql = format!(
-            "SELECT DISTINCT x.rel_type FROM event_relations x WHERE x.room_id = $1 AND x.relates_to_id IN ({})",
-            params(2, chunk.len()),
-        );
-        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)).bind(room_id);
-        for id in chunk {
-            query = query.bind(*id);
-        }
-        for kind in query.fetch_all(&db.pool).await? {
-            if !out.contains(&kind) {
-                out.push(kind);
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// The most references bundled per page.
 const MAX_REFERENCES: i64 = 1000;
 
