@@ -14,6 +14,7 @@ backend_tests!(
     startup_probes_answer_as_clients_expect,
     unread_counts_follow_push_rules_and_drop_on_receipt,
     unread_counts_start_at_the_join,
+    user_directory_lists_each_user_once_by_their_global_name,
     pushes_reach_the_gateway_only_for_holders,
     presence_and_user_directory,
     presence_can_be_switched_off,
@@ -419,6 +420,62 @@ async fn unread_counts_start_at_the_join(backend: Backend) {
     assert_eq!(counts(&sync), json!({ "notification_count": 1, "highlight_count": 0 }), "{sync}");
     let (_, sync) = server.get("/_matrix/client/v3/sync", Some(&carol.token)).await;
     assert_eq!(counts(&sync), json!({ "notification_count": 1, "highlight_count": 1 }), "{sync}");
+}
+
+/// A user who shares several rooms with the searcher, one of them public,
+/// and who took another name in one room, is found once, by the name of
+/// their profile (TestRoomSpecificUsernameAtJoin/Change).
+async fn user_directory_lists_each_user_once_by_their_global_name(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let path = format!("/_matrix/client/v3/profile/{}/displayname", bob.user_id);
+    assert_eq!(server.put(&path, Some(&bob.token), json!({ "displayname": "Bobby" })).await.0, 200);
+    let mut rooms = Vec::new();
+    for preset in ["public_chat", "private_chat", "public_chat"] {
+        let (_, created) = server
+            .post("/_matrix/client/v3/createRoom", Some(&alice.token), json!({ "preset": preset }))
+            .await;
+        let room = created["room_id"].as_str().unwrap().to_owned();
+        let (status, _) = server
+            .post(
+                &format!("/_matrix/client/v3/rooms/{room}/invite"),
+                Some(&alice.token),
+                json!({ "user_id": bob.user_id }),
+            )
+            .await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            server.post(&format!("/_matrix/client/v3/join/{room}"), Some(&bob.token), json!({})).await.0,
+            200
+        );
+        rooms.push(room);
+    }
+    let member = format!("/_matrix/client/v3/rooms/{}/state/m.room.member/{}", rooms[1], bob.user_id);
+    let (status, body) = server
+        .put(
+            &member,
+            Some(&bob.token),
+            json!({ "membership": "join", "displayname": "Bob of the back room" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for term in ["bob", "Bobby"] {
+        let (status, found) = server
+            .post(
+                "/_matrix/client/v3/user_directory/search",
+                Some(&alice.token),
+                json!({ "search_term": term }),
+            )
+            .await;
+        assert_eq!(status, 200, "{found}");
+        assert_eq!(
+            found["results"],
+            json!([{ "user_id": bob.user_id, "display_name": "Bobby" }]),
+            "{term}: {found}"
+        );
+        assert_eq!(found["limited"], false, "{found}");
+    }
 }
 
 /// A fake push gateway on loopback: every POST body arrives on the channel.

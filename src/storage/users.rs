@@ -147,9 +147,9 @@ pub async fn directory_search(
 ) -> Result<Vec<(String, Option<String>, Option<String>)>> {
     Ok(sqlx::query_as(
         "WITH candidates AS ( \
-           SELECT b.state_key AS user_id FROM room_state a JOIN room_state b ON b.room_id = a.room_id \
+           SELECT b.state_key AS user_id FROM room_state a CROSS JOIN room_state b \
             WHERE a.event_type = 'm.room.member' AND a.state_key = $1 AND a.membership = 'join' \
-              AND b.event_type = 'm.room.member' AND b.membership = 'join' \
+              AND b.room_id = a.room_id AND b.event_type = 'm.room.member' AND b.membership = 'join' \
            UNION \
            SELECT m.state_key FROM room_state m JOIN room_summaries s ON s.room_id = m.room_id \
             WHERE m.event_type = 'm.room.member' AND m.membership = 'join' AND s.join_rule = 'public' \
