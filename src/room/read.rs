@@ -144,11 +144,12 @@ async fn user_inputs(
     }
     let room_id = view.room.room_id.as_str();
     let changes = events::membership_changes(&state.db, room_id, user_id.as_str()).await?;
+    let (stays, floor) = memberships::ranges_and_floor(&state.db, room_id, user_id.as_str()).await?;
     let inputs = UserInputs {
         history: MembershipHistory::from_changes(&changes),
         display_name: changes.last().and_then(|c| c.display_name.clone()),
-        stays: memberships::ranges(&state.db, room_id, user_id.as_str()).await?,
-        floor: memberships::user_floor(&state.db, room_id, user_id.as_str()).await?,
+        stays,
+        floor,
     };
     Ok(room.put_user(user_id.as_str(), inputs))
 }

@@ -147,23 +147,6 @@ pub async fn use_fallback_key(
     Ok(row)
 }
 
-/// A device's one-time key counts by algorithm and its unused fallback
-/// keys' algorithms (what every `/sync` answer carries), in one statement.
-pub async fn key_counts(db: &Db, user: &str, device: &str) -> Result<(Vec<(String, i64)>, Vec<String>)> {
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT algorithm, COUNT(*), 0 FROM one_time_keys WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm \
-         UNION ALL \
-         SELECT algorithm, 0, 1 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND used = 0 \
-         ORDER BY 3, 1",
-    )
-    .bind(user)
-    .bind(device)
-    .fetch_all(&db.pool)
-    .await?;
-    let (fallback, otk): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.2 == 1);
-    Ok((otk.into_iter().map(|(a, n, _)| (a, n)).collect(), fallback.into_iter().map(|(a, _, _)| a).collect()))
-}
-
 /// Stores a cross-signing key.
 pub async fn put_cross_signing_key(db: &Db, user: &str, key_type: &str, key: &str) -> Result<()> {
     sqlx::query(
@@ -338,30 +321,6 @@ pub async fn ack_to_device(db: &Db, user: &str, device: &str, acked: i64) -> Res
     Ok(())
 }
 
-/// To-device messages for a device in `(after, upto]`, at most `limit`,
-/// oldest first: (stream, sender, type, content). A caller that sends fewer
-/// than all up to `upto` must acknowledge only up to the last it sent.
-pub async fn to_device_between(
-    db: &Db,
-    user: &str,
-    device: &str,
-    after: i64,
-    upto: i64,
-    limit: i64,
-) -> Result<Vec<(i64, String, String, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT stream, sender, event_type, content FROM to_device \
-         WHERE user_id = $1 AND device_id = $2 AND stream > $3 AND stream <= $4 ORDER BY stream LIMIT $5",
-    )
-    .bind(user)
-    .bind(device)
-    .bind(after)
-    .bind(upto)
-    .bind(limit)
-    .fetch_all(&db.pool)
-    .await?)
-}
-
 /// Drops a deleted device's keys, queued messages and the signatures of and
 /// by its key.
 pub async fn delete_device(conn: &mut AnyConnection, user: &str, device: &str) -> Result<()> {
@@ -375,4 +334,78 @@ pub async fn delete_device(conn: &mut AnyConnection, user: &str, device: &str) -
         .await?;
     }
     drop_key_signatures_in(conn, user, device).await
+}
+
+/// What one `/sync` answer reads for a device and its user, besides rooms.
+#[derive(Debug, Default)]
+pub struct DeviceWindow {
+    /// To-device messages in the window: (stream, sender, type, content).
+    pub to_device: Vec<(i64, String, String, String)>,
+    /// One-time key counts by algorithm.
+    pub one_time_keys: Vec<(String, i64)>,
+    /// Algorithms with an unused fallback key.
+    pub fallback: Vec<String>,
+    /// The user's remote invites changed in the window, pending and rejected.
+    pub remote_invites: Vec<super::federation::RemoteInvite>,
+}
+
+/// A row of [`device_window`]: which part it belongs to (0 to-device, 1
+/// one-time keys, 2 fallback keys, 3 remote invites), a stream position,
+/// six texts and a number.
+type WindowRow = (i64, i64, String, String, String, String, String, String, i64);
+
+/// [`DeviceWindow`] in one statement: to-device messages in
+/// `(to_device_after, upto]` (at most `limit`, oldest first), the key counts,
+/// and the remote invites changed in `(invites_after, upto]`.
+pub async fn device_window(
+    db: &Db,
+    user: &str,
+    device: &str,
+    to_device_after: i64,
+    invites_after: i64,
+    upto: i64,
+    limit: i64,
+) -> Result<DeviceWindow> {
+    let rows: Vec<WindowRow> = sqlx::query_as(
+        "SELECT * FROM (SELECT 0, stream, sender, event_type, content, '', '', '', 0 FROM to_device \
+           WHERE user_id = $1 AND device_id = $2 AND stream > $3 AND stream <= $4 ORDER BY stream LIMIT $5) t \
+         UNION ALL \
+         SELECT 1, 0, algorithm, '', '', '', '', '', COUNT(*) FROM one_time_keys \
+           WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm \
+         UNION ALL \
+         SELECT 2, 0, algorithm, '', '', '', '', '', 0 FROM fallback_keys \
+           WHERE user_id = $1 AND device_id = $2 AND used = 0 \
+         UNION ALL \
+         SELECT 3, stream, room_id, event_id, room_version, json, stripped_state, via, rejected \
+           FROM remote_invites WHERE user_id = $1 AND stream > $6 AND stream <= $4 \
+         ORDER BY 1, 2, 3",
+    )
+    .bind(user)
+    .bind(device)
+    .bind(to_device_after)
+    .bind(upto)
+    .bind(limit)
+    .bind(invites_after)
+    .fetch_all(&db.pool)
+    .await?;
+    let mut out = DeviceWindow::default();
+    for (part, stream, a, b, c, d, e, f, n) in rows {
+        match part {
+            0 => out.to_device.push((stream, a, b, c)),
+            1 => out.one_time_keys.push((a, n)),
+            2 => out.fallback.push(a),
+            _ => out.remote_invites.push(super::federation::RemoteInvite {
+                user_id: user.to_owned(),
+                room_id: a,
+                event_id: b,
+                room_version: c,
+                json: d,
+                stripped_state: e,
+                via: f,
+                stream,
+                rejected: n,
+            }),
+        }
+    }
+    Ok(out)
 }

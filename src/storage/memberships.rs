@@ -75,18 +75,6 @@ pub async fn close_all_open(conn: &mut AnyConnection, room_id: &str, seq: i64) -
     Ok(())
 }
 
-/// Every range of a user in a room, by start.
-pub async fn ranges(db: &Db, room_id: &str, user_id: &str) -> Result<Vec<Range>> {
-    let rows: Vec<(String, i64, Option<i64>, i64)> = sqlx::query_as(
-        "SELECT kind, min_seq, max_seq, window_seq FROM memberships WHERE room_id = $1 AND user_id = $2 ORDER BY min_seq, kind",
-    )
-    .bind(room_id)
-    .bind(user_id)
-    .fetch_all(&db.pool)
-    .await?;
-    Ok(to_ranges(rows))
-}
-
 fn to_ranges(rows: Vec<(String, i64, Option<i64>, i64)>) -> Vec<Range> {
     rows.into_iter()
         .map(|(kind, min_seq, max_seq, window_seq)| Range { kind, min_seq, max_seq, window_seq })
@@ -105,15 +93,21 @@ pub async fn holders(db: &Db, room_id: &str, seq: i64) -> Result<Vec<String>> {
     .await?)
 }
 
-/// A user's own floor in a room (0 when none).
-pub async fn user_floor(db: &Db, room_id: &str, user_id: &str) -> Result<i64> {
-    let floor: Option<i64> =
-        sqlx::query_scalar("SELECT floor_seq FROM user_room_floors WHERE room_id = $1 AND user_id = $2")
-            .bind(room_id)
-            .bind(user_id)
-            .fetch_optional(&db.pool)
-            .await?;
-    Ok(floor.unwrap_or(0))
+/// A user's membership ranges in a room, by start, and their own floor in
+/// it (0: none), in one statement (a read's first look at a user needs both).
+pub async fn ranges_and_floor(db: &Db, room_id: &str, user_id: &str) -> Result<(Vec<Range>, i64)> {
+    let rows: Vec<(String, i64, Option<i64>, i64)> = sqlx::query_as(
+        "SELECT kind, min_seq, max_seq, window_seq FROM memberships WHERE room_id = $1 AND user_id = $2 \
+         UNION ALL \
+         SELECT 'floor', floor_seq, NULL, 0 FROM user_room_floors WHERE room_id = $1 AND user_id = $2 \
+         ORDER BY 2, 1",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .fetch_all(&db.pool)
+    .await?;
+    let (floor, ranges): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.0 == "floor");
+    Ok((to_ranges(ranges), floor.first().map_or(0, |r| r.1)))
 }
 
 /// Raises a user's floor (it never moves down); the room's read epoch moves

@@ -333,12 +333,32 @@ async fn build(
         }
     }
 
+    // What the client's token says it has is acknowledged: deleted off the
+    // answer's path (what follows reads above it anyway). At most
+    // TO_DEVICE_PER_SYNC go out, and the token then says how far. The
+    // to-device messages, key counts and remote invites come in one read.
+    let acked = since.to_device.unwrap_or(since.stream);
+    if acked > 0 {
+        let (state, user, device) = (state.clone(), me.user_id.to_string(), me.device_id.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = keys::ack_to_device(&state.db, &user, &device, acked).await {
+                tracing::warn!(%user, %device, "to-device messages not dropped after their ack: {e}");
+            }
+        });
+    }
+    let window = keys::device_window(
+        &state.db,
+        me.user_id.as_str(),
+        me.device_id.as_str(),
+        acked,
+        if initial { 0 } else { since.stream },
+        now.stream,
+        TO_DEVICE_PER_SYNC + 1,
+    )
+    .await?;
+
     // Invites into rooms on other servers (not on any line of ours yet).
-    let after = if initial { 0 } else { since.stream };
-    for pending in
-        crate::storage::federation::remote_invites_changed(&state.db, me.user_id.as_str(), after, now.stream)
-            .await?
-    {
+    for pending in window.remote_invites {
         let room_id = pending.room_id.clone();
         if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
             || req.filter.not_rooms.contains(&room_id)
@@ -363,28 +383,8 @@ async fn build(
         invite.insert(room_id, json!({ "invite_state": { "events": events } }));
     }
 
-    // What the client's token says it has is acknowledged: deleted off the
-    // answer's path (what follows reads above it anyway). At most
-    // TO_DEVICE_PER_SYNC go out, and the token then says how far.
-    let acked = since.to_device.unwrap_or(since.stream);
-    if acked > 0 {
-        let (state, user, device) = (state.clone(), me.user_id.to_string(), me.device_id.to_string());
-        tokio::spawn(async move {
-            if let Err(e) = keys::ack_to_device(&state.db, &user, &device, acked).await {
-                tracing::warn!(%user, %device, "to-device messages not dropped after their ack: {e}");
-            }
-        });
-    }
     let mut next = now;
-    let mut rows = keys::to_device_between(
-        &state.db,
-        me.user_id.as_str(),
-        me.device_id.as_str(),
-        acked,
-        now.stream,
-        TO_DEVICE_PER_SYNC + 1,
-    )
-    .await?;
+    let mut rows = window.to_device;
     if rows.len() > TO_DEVICE_PER_SYNC as usize {
         rows.truncate(TO_DEVICE_PER_SYNC as usize);
         next.to_device = rows.last().map(|r| r.0);
@@ -402,8 +402,8 @@ async fn build(
         device_list_movement(state, &me.user_id, since.stream, now.stream).await?
     };
     has_news |= !to_device.is_empty() || !changed.is_empty() || !left.is_empty();
-    let (otk, fallback) = keys::key_counts(&state.db, me.user_id.as_str(), me.device_id.as_str()).await?;
-    let otk = crate::account::e2ee::otk_counts_json(otk);
+    let otk = crate::account::e2ee::otk_counts_json(window.one_time_keys);
+    let fallback = window.fallback;
 
     // Nobody has set a presence: no need to look up who shares a room.
     let presence = if state.presence.is_empty() {
