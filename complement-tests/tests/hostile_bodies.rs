@@ -18,6 +18,7 @@ backend_tests!(
     invalid_utf8_nul_bytes_and_duplicate_keys,
     long_event_types_and_state_keys_are_too_large,
     pagination_and_sync_tokens_at_the_ends_of_i64,
+    upgrade_deactivate_and_hierarchy_refuse_bad_input,
 );
 
 /// The body limit the tests start the server with.
@@ -405,5 +406,76 @@ async fn pagination_and_sync_tokens_at_the_ends_of_i64(backend: Backend) {
     let response =
         server.get(&format!("{V3}/sync?since=s{max}_{}&timeout=0", u64::MAX), Some(&alice.token)).await;
     assert_eq!(response.0, 200, "{}", response.1);
+    still_answers(&server, &alice).await;
+}
+
+/// `/upgrade`, `/account/deactivate` and `/hierarchy` with what an attacker
+/// sends: bodies that are not JSON, too large or of the wrong shape, room
+/// ids that do not exist or are another's, parameters out of range. Each is
+/// a Matrix error and changes nothing: the room is not tombstoned, the
+/// account still works.
+async fn upgrade_deactivate_and_hierarchy_refuse_bad_input(backend: Backend) {
+    let server = start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let mallory = server.register("mallory", "pw").await;
+    let room = create_room(&server, &alice).await;
+    let before = snapshot(&server, &alice, &room).await;
+    let upgrade = room_path(&room, "/upgrade");
+
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("not JSON", b"{new_version: 10".to_vec(), 400, "M_NOT_JSON"),
+        ("no version", b"{}".to_vec(), 400, "M_BAD_JSON"),
+        ("version not a string", br#"{"new_version": 10}"#.to_vec(), 400, "M_BAD_JSON"),
+        ("unknown version", br#"{"new_version": "999"}"#.to_vec(), 400, "M_UNSUPPORTED_ROOM_VERSION"),
+        ("too large", message_of_len(LIMIT + 1), 413, "M_TOO_LARGE"),
+    ];
+    for (what, body, status, errcode) in cases {
+        let response = server.request_raw(Method::POST, &upgrade, Some(&alice.token), body).await;
+        assert_error(&response, status, errcode, &format!("upgrade: {what}"));
+    }
+    // Another's room, and a room that does not exist: the same 403.
+    let body = json!({ "new_version": "11" });
+    let response = server.request(Method::POST, &upgrade, Some(&mallory.token), Some(body.clone())).await;
+    assert_error(&response, 403, "M_FORBIDDEN", "upgrade by a non-member");
+    let nowhere = room_path("!nowhere:localhost", "/upgrade");
+    let response = server.request(Method::POST, &nowhere, Some(&alice.token), Some(body)).await;
+    assert_error(&response, 403, "M_FORBIDDEN", "upgrade of no room");
+    assert_eq!(snapshot(&server, &alice, &room).await, before, "the room was not upgraded");
+
+    let hierarchy = |query: &str| format!("/_matrix/client/v1/rooms/{}/hierarchy{query}", enc(&room));
+    for query in ["?limit=abc", "?limit=-1", "?max_depth=-1", "?from=garbage", "?suggested_only=maybe"] {
+        let response = server.request(Method::GET, &hierarchy(query), Some(&alice.token), None).await;
+        assert_eq!(response.0, 400, "hierarchy{query}: {}", response.1);
+        assert!(
+            response.1["errcode"].as_str().is_some_and(|e| e.starts_with("M_")),
+            "{query}: {}",
+            response.1
+        );
+    }
+    let response = server.request(Method::GET, &hierarchy(""), Some(&mallory.token), None).await;
+    assert_error(&response, 403, "M_FORBIDDEN", "hierarchy of a private room by a stranger");
+
+    let deactivate = format!("{V3}/account/deactivate");
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("not JSON", b"{auth:".to_vec(), 400, "M_NOT_JSON"),
+        ("erase not a bool", br#"{"erase": "yes"}"#.to_vec(), 400, "M_BAD_JSON"),
+        ("too large", message_of_len(LIMIT + 1), 413, "M_TOO_LARGE"),
+    ];
+    for (what, body, status, errcode) in cases {
+        let response = server.request_raw(Method::POST, &deactivate, Some(&mallory.token), body).await;
+        assert_error(&response, status, errcode, &format!("deactivate: {what}"));
+    }
+    // The wrong password: the flows again, and the account lives on.
+    let wrong = json!({ "auth": { "type": "m.login.password", "password": "not it",
+        "identifier": { "type": "m.id.user", "user": mallory.user_id } } });
+    let response = server.request(Method::POST, &deactivate, Some(&mallory.token), Some(wrong)).await;
+    assert_eq!(response.0, 401, "{}", response.1);
+    assert!(response.1["flows"].is_array(), "{}", response.1);
+    // Someone else's password does not deactivate Mallory's account for Alice.
+    let hers = json!({ "auth": { "type": "m.login.password", "password": "pw",
+        "identifier": { "type": "m.id.user", "user": mallory.user_id } } });
+    let response = server.request(Method::POST, &deactivate, Some(&alice.token), Some(hers)).await;
+    assert!(matches!(response.0, 401 | 403), "another user's id in the identifier: {}", response.1);
+    still_answers(&server, &mallory).await;
     still_answers(&server, &alice).await;
 }
