@@ -7,7 +7,7 @@ use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server, User};
 use serde_json::{Value, json};
 
-backend_tests!(an_upgrade_replaces_the_room);
+backend_tests!(an_upgrade_replaces_the_room, a_moderator_who_may_tombstone_may_upgrade);
 
 async fn state(server: &Server, user: &User, room: &str, kind: &str) -> (u16, Value) {
     server.get(&room_path(room, &format!("/state/{kind}/")), Some(&user.token)).await
@@ -88,4 +88,44 @@ async fn an_upgrade_replaces_the_room(backend: Backend) {
     let (status, _) =
         server.put(&room_path(&new_room, "/send/m.room.message/b2"), Some(&bob.token), text("here")).await;
     assert_eq!(status, 200);
+}
+
+/// A user whose power level allows the tombstone but not the other state
+/// the new room is built with (`state_default` above theirs) still upgrades:
+/// their power is raised while the new room's state is copied, and the new
+/// room ends with the old room's power levels, theirs included as it was.
+async fn a_moderator_who_may_tombstone_may_upgrade(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room =
+        create_room(&server, &alice, json!({ "room_version": "10", "preset": "public_chat", "topic": "t" }))
+            .await;
+    join(&server, &bob, &room).await;
+    let (status, mut levels) = state(&server, &alice, &room, "m.room.power_levels").await;
+    assert_eq!(status, 200, "{levels}");
+    levels["users"][&bob.user_id] = json!(50);
+    levels["state_default"] = json!(100);
+    levels["events"]["m.room.tombstone"] = json!(50);
+    let path = room_path(&room, "/state/m.room.power_levels/");
+    let (status, body) = server.put(&path, Some(&alice.token), levels.clone()).await;
+    assert_eq!(status, 200, "{body}");
+
+    let upgrade = format!("{V3}/rooms/{}/upgrade", enc(&room));
+    let (status, body) = server.post(&upgrade, Some(&bob.token), json!({ "new_version": "11" })).await;
+    assert_eq!(status, 200, "{body}");
+    let new_room = body["replacement_room"].as_str().expect("replacement_room").to_owned();
+    let (status, topic) = state(&server, &bob, &new_room, "m.room.topic").await;
+    assert_eq!((status, topic["topic"].as_str()), (200, Some("t")), "{topic}");
+    let (status, copied) = state(&server, &bob, &new_room, "m.room.power_levels").await;
+    assert_eq!(status, 200, "{copied}");
+    assert_eq!(copied["users"][&bob.user_id], json!(50), "bob's own level, not a raised one: {copied}");
+    assert_eq!(copied["users"][&alice.user_id], json!(100), "{copied}");
+    assert_eq!(copied["state_default"], json!(100), "{copied}");
+    let (status, tombstone) = state(&server, &alice, &room, "m.room.tombstone").await;
+    assert_eq!(
+        (status, tombstone["replacement_room"].as_str()),
+        (200, Some(new_room.as_str())),
+        "{tombstone}"
+    );
 }

@@ -5,7 +5,9 @@
 //! the old room's type, and a copy of the state people set (name, topic,
 //! avatar, join rules, history visibility, guest access, encryption, server
 //! ACL, power levels: in v12 without the creators, who have infinite power
-//! there); then the old room gets its tombstone, its power levels are raised
+//! there; an upgrader allowed the tombstone but not all that state is raised
+//! while it is copied, then the old levels are restored in the new room);
+//! then the old room gets its tombstone, its power levels are raised
 //! so that ordinary members can no longer talk or invite there, and its
 //! local aliases (the canonical one too) move to the new room.
 
@@ -105,6 +107,17 @@ pub async fn upgrade(
         power_levels["users"] = json!({ user.as_str(): 100 });
     }
 
+    // Someone allowed the tombstone but not all the state the new room is
+    // built with (a moderator under a higher `state_default`, say) is raised
+    // to what that state needs while it is copied; the old levels, theirs
+    // included, are restored as the new room's last state event.
+    let final_levels =
+        (!v12 && level_of(&power_levels, user.as_str()) < needed_level(&power_levels)).then(|| {
+            let original = power_levels.clone();
+            power_levels["users"][user.as_str()] = json!(needed_level(&original));
+            original
+        });
+
     let mut initial_state = Vec::new();
     for kind in COPIED {
         if let Some(content) = content_of(state, room, kind).await?
@@ -134,6 +147,12 @@ pub async fn upgrade(
     )
     .await?;
 
+    if let Some(levels) = final_levels {
+        let new_id =
+            ruma::OwnedRoomId::try_from(new_room.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
+        super::timeline::append(state, &new_id, &state_draft(user, "m.room.power_levels", levels)?, None)
+            .await?;
+    }
     carry_over_user_settings(state, room, &new_room).await?;
 
     // The tombstone, then the old room quietened.
@@ -206,4 +225,18 @@ async fn carry_over_user_settings(state: &AppState, old: &str, new_room: &RoomId
         }
     }
     Ok(())
+}
+
+/// A user's level in power-levels content (`users_default` when unlisted).
+fn level_of(levels: &Value, user: &str) -> i64 {
+    levels["users"][user].as_i64().unwrap_or_else(|| levels["users_default"].as_i64().unwrap_or(0))
+}
+
+/// The level that sends every state event the new room is built with and
+/// sets its power levels: `state_default`, and each event type's own level
+/// (the spec's defaults where unset).
+fn needed_level(levels: &Value) -> i64 {
+    let own =
+        levels["events"].as_object().map_or(0, |e| e.values().filter_map(Value::as_i64).max().unwrap_or(0));
+    levels["state_default"].as_i64().unwrap_or(50).max(own)
 }
