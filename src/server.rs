@@ -28,7 +28,10 @@ pub async fn open(settings: Settings) -> Result<AppState> {
         .map_err(|e| {
             Error::Internal(format!("outbound HTTP client: {e} (HTTPS needs the system's CA certificates)"))
         })?;
-    Ok(AppState::new(settings, db, key, last_stream, pusher_users, outbound))
+    let erased = crate::storage::users::erased(&db).await?;
+    let state = AppState::new(settings, db, key, last_stream, pusher_users, outbound);
+    state.erased.write().unwrap_or_else(|e| e.into_inner()).extend(erased);
+    Ok(state)
 }
 
 /// Binds the listener, opens the server and serves the client API until a

@@ -63,6 +63,10 @@ pub struct Services {
     pub server_resolver: crate::federation::resolve::Resolver,
     /// Backfills under way, and events no server could give.
     pub backfills: crate::federation::backfill::Backfills,
+    /// Users deactivated with `erase: true` (loaded at start, added to on
+    /// erasure): their events are served redacted to those who were not
+    /// joined when they were sent.
+    pub erased: std::sync::RwLock<std::collections::HashSet<String>>,
 }
 
 impl AppState {
@@ -101,6 +105,7 @@ impl AppState {
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
             federation_sender: crate::federation::sender::Sender::default(),
             backfills: crate::federation::backfill::Backfills::default(),
+            erased: std::sync::RwLock::default(),
         }))
     }
 }

@@ -5,9 +5,12 @@
 use complement_tests::api::{V3, assert_error, create_room, join, room_path, text};
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server};
-use serde_json::json;
+use serde_json::{Value, json};
 
-backend_tests!(deactivation_needs_the_password_and_ends_the_account);
+backend_tests!(
+    deactivation_needs_the_password_and_ends_the_account,
+    erased_messages_are_redacted_for_later_joiners
+);
 
 async fn deactivation_needs_the_password_and_ends_the_account(backend: Backend) {
     let server = Server::start(&backend).await;
@@ -96,4 +99,76 @@ async fn deactivation_needs_the_password_and_ends_the_account(backend: Backend) 
     // Her profile is cleared.
     let (_, profile) = server.get(&format!("{V3}/profile/{alice_id}"), Some(&bob.token)).await;
     assert!(profile.get("displayname").is_none(), "{profile}");
+}
+
+/// `erase: true`: what the erased user sent is served redacted to whoever
+/// was not joined when it was sent (a later joiner with shared history),
+/// while those who were there keep it. Without `erase`, messages stay.
+async fn erased_messages_are_redacted_for_later_joiners(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw-alice").await;
+    let eve = server.register("eve", "pw-eve").await;
+    let bob = server.register("bob", "pw-bob").await;
+    let carol = server.register("carol", "pw-carol").await;
+    let room = create_room(&server, &bob, json!({ "preset": "public_chat" })).await;
+    join(&server, &alice, &room).await;
+    join(&server, &eve, &room).await;
+    for (user, txn, body) in [(&alice, "a1", "alice was here"), (&eve, "e1", "eve was here")] {
+        let (status, _) = server
+            .put(&room_path(&room, &format!("/send/m.room.message/{txn}")), Some(&user.token), text(body))
+            .await;
+        assert_eq!(status, 200);
+    }
+    for (user, localpart, password, erase) in
+        [(&alice, "alice", "pw-alice", true), (&eve, "eve", "pw-eve", false)]
+    {
+        let path = format!("{V3}/account/deactivate");
+        let (status, flows) = server.post(&path, Some(&user.token), json!({ "erase": erase })).await;
+        assert_eq!(status, 401, "{flows}");
+        let body = json!({ "erase": erase, "auth": { "type": "m.login.password", "session": flows["session"],
+            "password": password, "identifier": { "type": "m.id.user", "user": localpart } } });
+        let (status, done) = server.post(&path, Some(&user.token), body).await;
+        assert_eq!(status, 200, "{done}");
+    }
+    join(&server, &carol, &room).await;
+    let bodies = |page: &Value| -> Vec<(String, Value)> {
+        page["chunk"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "m.room.message")
+            .map(|e| (e["sender"].as_str().unwrap().to_owned(), e["content"]["body"].clone()))
+            .collect()
+    };
+    let messages = room_path(&room, "/messages?dir=f&limit=100");
+    let (status, page) = server.get(&messages, Some(&bob.token)).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        bodies(&page),
+        vec![(alice.user_id.clone(), json!("alice was here")), (eve.user_id.clone(), json!("eve was here"))],
+        "bob was there: he keeps what he saw: {page}"
+    );
+    let (status, page) = server.get(&messages, Some(&carol.token)).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        bodies(&page),
+        vec![(alice.user_id.clone(), Value::Null), (eve.user_id.clone(), json!("eve was here"))],
+        "carol came later: the erased user's message is redacted, the other stays: {page}"
+    );
+    // The same through /sync and /event.
+    let (_, sync) = server.get(&format!("{V3}/sync"), Some(&carol.token)).await;
+    let timeline = &sync["rooms"]["join"][&room]["timeline"]["events"];
+    let from_alice: Vec<&Value> = timeline
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "m.room.message" && e["sender"] == alice.user_id.as_str())
+        .collect();
+    assert_eq!(from_alice.len(), 1, "{sync}");
+    assert_eq!(from_alice[0]["content"], json!({}), "{sync}");
+    let id = from_alice[0]["event_id"].as_str().unwrap();
+    let (status, event) = server.get(&room_path(&room, &format!("/event/{id}")), Some(&carol.token)).await;
+    assert_eq!((status, &event["content"]), (200, &json!({})), "{event}");
+    let (status, event) = server.get(&room_path(&room, &format!("/event/{id}")), Some(&bob.token)).await;
+    assert_eq!((status, &event["content"]["body"]), (200, &json!("alice was here")), "{event}");
 }

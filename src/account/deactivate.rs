@@ -5,7 +5,9 @@
 //! or knocking on (remote invites are turned down at the inviting server),
 //! and what the server keeps for them alone is deleted: profile, account
 //! data and filters, room-key backups, cross-signing keys. The member events
-//! and messages they sent stay in the rooms' history, as the spec says.
+//! and messages they sent stay in the rooms' history, as the spec says; with
+//! `erase`, they are served redacted to everyone who was not joined when they
+//! were sent (those who were keep what they saw).
 
 use ruma::{RoomId, UserId};
 
@@ -14,9 +16,13 @@ use crate::room::membership::{self, Change};
 use crate::state::AppState;
 use crate::storage::{self, events, users};
 
-/// Deactivates `user`.
-pub async fn deactivate(state: &AppState, user: &UserId) -> Result<()> {
+/// Deactivates `user`, erasing them when asked.
+pub async fn deactivate(state: &AppState, user: &UserId, erase: bool) -> Result<()> {
     users::set_deactivated(&state.db, user.as_str()).await?;
+    if erase {
+        users::set_erased(&state.db, user.as_str()).await?;
+        state.erased.write().unwrap_or_else(|e| e.into_inner()).insert(user.to_string());
+    }
 
     let devices = storage::devices::list(&state.db, user.as_str()).await?;
     let ids: Vec<&str> = devices.iter().map(|d| d.device_id.as_str()).collect();

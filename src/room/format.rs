@@ -20,6 +20,13 @@ pub struct Viewer<'a> {
     pub membership: &'a str,
 }
 
+/// An event's content as redaction leaves it.
+pub fn redacted_content(pdu: &Pdu, rules: &RoomVersionRules) -> Value {
+    let mut content: CanonicalJsonObject = serde_json::from_str(pdu.content.get()).unwrap_or_default();
+    redact_content_in_place(&mut content, &rules.redaction, pdu.kind.to_string());
+    serde_json::to_value(&content).unwrap_or_else(|_| json!({}))
+}
+
 /// The client form of a stored event. `redaction` is the redaction event when
 /// the event has been redacted.
 pub fn client_event(
@@ -30,9 +37,7 @@ pub fn client_event(
     viewer: Option<Viewer<'_>>,
 ) -> Value {
     let content: Value = if redaction.is_some() {
-        let mut content: CanonicalJsonObject = serde_json::from_str(pdu.content.get()).unwrap_or_default();
-        redact_content_in_place(&mut content, &rules.redaction, pdu.kind.to_string());
-        serde_json::to_value(&content).unwrap_or_else(|_| json!({}))
+        redacted_content(pdu, rules)
     } else {
         serde_json::from_str(pdu.content.get()).unwrap_or_else(|_| json!({}))
     };

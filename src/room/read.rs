@@ -281,6 +281,9 @@ pub struct Loaded {
     pub pdu: Pdu,
     /// The redaction that redacted it.
     pub redaction: Option<Pdu>,
+    /// Its sender was erased: served redacted to whoever was not joined
+    /// when it was sent.
+    pub sender_erased: bool,
 }
 
 /// Loads an event with its redaction, if any.
@@ -293,7 +296,11 @@ pub async fn load(state: &AppState, stored: StoredEvent) -> Result<Loaded> {
         },
         None => None,
     };
-    Ok(Loaded { stored, pdu, redaction })
+    let sender_erased = {
+        let erased = state.erased.read().unwrap_or_else(|e| e.into_inner());
+        !erased.is_empty() && erased.contains(pdu.sender.as_str())
+    };
+    Ok(Loaded { stored, pdu, redaction, sender_erased })
 }
 
 /// Loads an event by id; 404 when unknown.
@@ -307,13 +314,19 @@ pub async fn load_by_id(state: &AppState, event_id: &str) -> Result<Loaded> {
 /// `history`.
 pub fn format(view: &RoomView, loaded: &Loaded, requester: &Requester, history: &MembershipHistory) -> Value {
     let membership = history.at(loaded.stored.seq);
-    client_event(
+    let mut event = client_event(
         &loaded.stored,
         &loaded.pdu,
         &view.rules,
         loaded.redaction.as_ref(),
         Some(Viewer { requester, membership }),
-    )
+    );
+    // An erased sender's event, to someone who was not joined when it was
+    // sent: its content as a redaction leaves it.
+    if loaded.sender_erased && loaded.redaction.is_none() && membership != "join" {
+        event["content"] = super::format::redacted_content(&loaded.pdu, &view.rules);
+    }
+    event
 }
 
 /// Formats a page of events for `requester` as [`format`] does, each with

@@ -170,6 +170,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (24, "pending_redactions", include_str!("../../migrations/sqlite/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/sqlite/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/sqlite/0026_one_time_key_order.sql")),
+    (27, "erased_users", include_str!("../../migrations/sqlite/0027_erased_users.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -198,6 +199,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (24, "pending_redactions", include_str!("../../migrations/postgres/0024_pending_redactions.sql")),
     (25, "refresh_tokens", include_str!("../../migrations/postgres/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/postgres/0026_one_time_key_order.sql")),
+    (27, "erased_users", include_str!("../../migrations/postgres/0027_erased_users.sql")),
 ];
 
 impl Db {

@@ -181,3 +181,14 @@ pub async fn lock_for_count(db: &Db, conn: &mut sqlx::AnyConnection, user_id: &s
     }
     Ok(())
 }
+
+/// Marks a user erased (deactivated with `erase: true`).
+pub async fn set_erased(db: &Db, user_id: &str) -> Result<()> {
+    sqlx::query("UPDATE users SET erased = 1 WHERE user_id = $1").bind(user_id).execute(&db.pool).await?;
+    Ok(())
+}
+
+/// The erased users.
+pub async fn erased(db: &Db) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT user_id FROM users WHERE erased = 1").fetch_all(&db.pool).await?)
+}

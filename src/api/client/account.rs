@@ -154,7 +154,7 @@ async fn deactivate(state: AppState, req: Ruma<deactivate::v3::Request>) -> Resu
         req.body.auth.as_ref(),
     )
     .await?;
-    crate::account::deactivate::deactivate(&state, &me.user_id).await?;
+    crate::account::deactivate::deactivate(&state, &me.user_id, req.body.erase).await?;
     grant.finish(&state).await?;
     Ok(deactivate::v3::Response::new(ThirdPartyIdRemovalStatus::NoSupport))
 }
