@@ -23,12 +23,9 @@ use crate::storage::{account_data, events};
 /// The most unread events looked at per room; counts stop there.
 pub const MAX_COUNTED: usize = 1000;
 
-/// A user's rule set: what they stored, or the server defaults.
+/// A user's rule set, to change: what they stored, or the server defaults.
 pub async fn ruleset(state: &AppState, user: &UserId) -> Result<Ruleset> {
-    Ok(match stored_ruleset(state, user).await? {
-        Some(rules) => rules,
-        None => Ruleset::clone(&state.push_defaults.get(user)),
-    })
+    Ok(Ruleset::clone(&*rules_of(state, user).await?))
 }
 
 /// The user's rule set, shared: the server defaults are built once per user.
@@ -50,14 +47,6 @@ fn parse_stored(text: &str) -> Result<Ruleset> {
     let value: Value = serde_json::from_str(text).map_err(|e| Error::Internal(e.to_string()))?;
     serde_json::from_value(value["global"].clone())
         .map_err(|e| Error::Internal(format!("stored push rules: {e}")))
-}
-
-async fn stored_ruleset(state: &AppState, user: &UserId) -> Result<Option<Ruleset>> {
-    account_data::get(&state.db, user.as_str(), "", "m.push_rules")
-        .await?
-        .as_deref()
-        .map(parse_stored)
-        .transpose()
 }
 
 /// Each user's default rule set, built once (it depends on nothing but the
@@ -206,16 +195,7 @@ impl ReadMarks {
 
 /// The user's read marks in the room.
 pub async fn read_marks(state: &AppState, room_id: &str, user: &UserId) -> Result<ReadMarks> {
-    let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
-        "SELECT r.thread_id, MAX(e.seq) FROM receipts r JOIN events e ON e.event_id = r.event_id \
-         WHERE r.room_id = $1 AND r.user_id = $2 AND r.receipt_type IN ('m.read', 'm.read.private') \
-         GROUP BY r.thread_id",
-    )
-    .bind(room_id)
-    .bind(user.as_str())
-    .fetch_all(&state.db.pool)
-    .await?;
-    Ok(ReadMarks::from_rows(rows))
+    Ok(ReadMarks::from_rows(crate::storage::receipts::read_up_to(&state.db, room_id, user.as_str()).await?))
 }
 
 impl ReadMarks {
@@ -727,6 +707,11 @@ mod tests {
         Shape { kind, state_key: state_key.map_or(StateKey::None, StateKey::Is), sender: Some(sender) }
     }
 
+    /// The defaults with `rule` as the user's first override.
+    fn ahead_of_defaults(user: &UserId, rule: Value) -> Ruleset {
+        rules_with(user, |v| v["override"].as_array_mut().unwrap().insert(0, rule))
+    }
+
     fn rules_with(user: &UserId, edit: impl FnOnce(&mut Value)) -> Ruleset {
         let mut value = serde_json::to_value(default_ruleset(user)).unwrap();
         edit(&mut value);
@@ -757,43 +742,37 @@ mod tests {
         let other = "@other:example.org";
         let member = shape("m.room.member", Some(other), other);
         // An override of the user's own ahead of the defaults: joins notify.
-        let joins = rules_with(me, |v| {
-            v["override"].as_array_mut().unwrap().insert(
-                0,
-                serde_json::json!({
-                    "rule_id": "joins", "default": false, "enabled": true,
-                    "conditions": [{ "kind": "event_match", "key": "type", "pattern": "m.room.member" }],
-                    "actions": ["notify"],
-                }),
-            );
-        });
+        let joins = ahead_of_defaults(
+            me,
+            serde_json::json!({
+                "rule_id": "joins", "default": false, "enabled": true,
+                "conditions": [{ "kind": "event_match", "key": "type", "pattern": "m.room.member" }],
+                "actions": ["notify"],
+            }),
+        );
         assert!(may_notify(&joins, ROOM, &member));
         // The same rule with a content condition: it may match.
-        let content = rules_with(me, |v| {
-            v["override"].as_array_mut().unwrap().insert(
-                0,
-                serde_json::json!({
-                    "rule_id": "bans", "default": false, "enabled": true,
-                    "conditions": [
-                        { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
-                        { "kind": "event_match", "key": "content.membership", "pattern": "ban" },
-                    ],
-                    "actions": ["notify"],
-                }),
-            );
-        });
+        let content = ahead_of_defaults(
+            me,
+            serde_json::json!({
+                "rule_id": "bans", "default": false, "enabled": true,
+                "conditions": [
+                    { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
+                    { "kind": "event_match", "key": "content.membership", "pattern": "ban" },
+                ],
+                "actions": ["notify"],
+            }),
+        );
         assert!(may_notify(&content, ROOM, &member));
         // A glob on the type is not decided here.
-        let glob = rules_with(me, |v| {
-            v["override"].as_array_mut().unwrap().insert(
-                0,
-                serde_json::json!({
-                    "rule_id": "glob", "default": false, "enabled": true,
-                    "conditions": [{ "kind": "event_match", "key": "type", "pattern": "m.room.mem*" }],
-                    "actions": ["notify"],
-                }),
-            );
-        });
+        let glob = ahead_of_defaults(
+            me,
+            serde_json::json!({
+                "rule_id": "glob", "default": false, "enabled": true,
+                "conditions": [{ "kind": "event_match", "key": "type", "pattern": "m.room.mem*" }],
+                "actions": ["notify"],
+            }),
+        );
         assert!(may_notify(&glob, ROOM, &member));
         // The master rule on: nothing notifies, nothing is loaded.
         let master = rules_with(me, |v| {
@@ -835,43 +814,40 @@ mod tests {
         });
         assert!(others_membership_silent(&loud, ROOM, me.as_str()));
         // A rule about one particular member's events, ahead of the defaults.
-        let watched = rules_with(me, |v| {
-            v["override"].as_array_mut().unwrap().insert(
-                0,
-                serde_json::json!({
-                    "rule_id": "watch", "default": false, "enabled": true,
-                    "conditions": [
-                        { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
-                        { "kind": "event_match", "key": "state_key", "pattern": "@boss:example.org" },
-                    ],
-                    "actions": ["notify"],
-                }),
-            );
-        });
+        let watched = ahead_of_defaults(
+            me,
+            serde_json::json!({
+                "rule_id": "watch", "default": false, "enabled": true,
+                "conditions": [
+                    { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
+                    { "kind": "event_match", "key": "state_key", "pattern": "@boss:example.org" },
+                ],
+                "actions": ["notify"],
+            }),
+        );
         assert!(!others_membership_silent(&watched, ROOM, me.as_str()));
         // The same rule about me only: others' member events stay silent.
-        let mine = rules_with(me, |v| {
-            v["override"].as_array_mut().unwrap().insert(
-                0,
-                serde_json::json!({
-                    "rule_id": "mine", "default": false, "enabled": true,
-                    "conditions": [
-                        { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
-                        { "kind": "event_match", "key": "state_key", "pattern": "@ME:example.org" },
-                    ],
-                    "actions": ["notify"],
-                }),
-            );
-        });
+        let mine = ahead_of_defaults(
+            me,
+            serde_json::json!({
+                "rule_id": "mine", "default": false, "enabled": true,
+                "conditions": [
+                    { "kind": "event_match", "key": "type", "pattern": "m.room.member" },
+                    { "kind": "event_match", "key": "state_key", "pattern": "@ME:example.org" },
+                ],
+                "actions": ["notify"],
+            }),
+        );
         assert!(others_membership_silent(&mine, ROOM, me.as_str()));
         // A sender condition with no sender known: the rule may match.
-        let by_sender = rules_with(me, |v| {
-            v["override"].as_array_mut().unwrap().insert(0, serde_json::json!({
+        let by_sender = ahead_of_defaults(
+            me,
+            serde_json::json!({
                 "rule_id": "by", "default": false, "enabled": true,
                 "conditions": [{ "kind": "event_match", "key": "sender", "pattern": "@boss:example.org" }],
                 "actions": ["notify"],
-            }));
-        });
+            }),
+        );
         assert!(!others_membership_silent(&by_sender, ROOM, me.as_str()));
     }
 }

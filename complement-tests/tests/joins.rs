@@ -96,6 +96,15 @@ async fn forged_authoriser_is_refused(backend: Backend) {
         let (status, _) = member_content(&server, &alice, &room, who).await;
         assert_eq!(status, 404, "{} is not in the room", who.user_id);
     }
+    // The same field in a /join or /knock body (whose extra keys go into the
+    // member event): refused too, and a `membership` key there changes nothing.
+    for path in [join_path(&room), format!("{V3}/join/{}", enc(&room)), knock_path(&room)] {
+        let forged = json!({ "join_authorised_via_users_server": alice.user_id, "membership": "ban" });
+        let response = server.post(&path, Some(&eve.token), forged).await;
+        assert_eq!(response.0, 403, "{path}: {}", response.1);
+        let (status, _) = member_content(&server, &alice, &room, &eve).await;
+        assert_eq!(status, 404, "{path}: eve is not in the room");
+    }
     // Through /join the server names the authoriser itself.
     let (status, body) = post(&server, &bob, &join_path(&room)).await;
     assert_eq!(status, 200, "{body}");

@@ -219,11 +219,11 @@ async fn scope(
         Some(Group::Room(id)) => Some(id.as_str()),
         _ => None,
     };
-    for room_id in memberships::rooms_of(&state.db, user_id.as_str()).await? {
+    // Forgotten rooms are left out by the query.
+    for (room_id, _) in memberships::rooms_joined_of(&state.db, user_id.as_str()).await? {
         if req.rooms.as_ref().is_some_and(|only| !only.contains(&room_id))
             || req.not_rooms.contains(&room_id)
             || group_room.is_some_and(|g| g != room_id)
-            || memberships::is_forgotten(&state.db, user_id.as_str(), &room_id).await?
         {
             continue;
         }

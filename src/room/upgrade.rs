@@ -111,12 +111,12 @@ pub async fn upgrade(
     // built with (a moderator under a higher `state_default`, say) is raised
     // to what that state needs while it is copied; the old levels, theirs
     // included, are restored as the new room's last state event.
-    let final_levels =
-        (!v12 && level_of(&power_levels, user.as_str()) < needed_level(&power_levels)).then(|| {
-            let original = power_levels.clone();
-            power_levels["users"][user.as_str()] = json!(needed_level(&original));
-            original
-        });
+    let needed = needed_level(&power_levels);
+    let final_levels = (!v12 && level_of(&power_levels, user.as_str()) < needed).then(|| {
+        let original = power_levels.clone();
+        power_levels["users"][user.as_str()] = json!(needed);
+        original
+    });
 
     let mut initial_state = Vec::new();
     for kind in COPIED {
@@ -148,9 +148,7 @@ pub async fn upgrade(
     .await?;
 
     if let Some(levels) = final_levels {
-        let new_id =
-            ruma::OwnedRoomId::try_from(new_room.as_str()).map_err(|e| Error::Internal(e.to_string()))?;
-        super::timeline::append(state, &new_id, &state_draft(user, "m.room.power_levels", levels)?, None)
+        super::timeline::append(state, &new_room, &state_draft(user, "m.room.power_levels", levels)?, None)
             .await?;
     }
     carry_over_user_settings(state, room, &new_room).await?;

@@ -48,13 +48,12 @@ pub async fn changed_and_wanted(
     upto: i64,
     types: &[&str],
 ) -> Result<(Vec<(String, String, String)>, Vec<(String, String)>)> {
-    let list: Vec<String> = (0..types.len()).map(|i| format!("${}", i + 4)).collect();
     let sql = format!(
         "SELECT room_id, data_type, content, CASE WHEN stream > $2 AND stream <= $3 THEN 1 ELSE 0 END \
          FROM account_data WHERE user_id = $1 \
            AND ((stream > $2 AND stream <= $3) OR (room_id = '' AND data_type IN ({}))) \
          ORDER BY stream",
-        list.join(", ")
+        super::params(4, types.len())
     );
     let mut query = sqlx::query_as::<_, (String, String, String, i64)>(sqlx::AssertSqlSafe(sql))
         .bind(user_id)

@@ -511,9 +511,10 @@ pub async fn by_ids(db: &Db, ids: &[&str]) -> Result<Vec<StoredEvent>> {
 pub async fn at_seqs(db: &Db, room_id: &str, seqs: &[i64]) -> Result<Vec<StoredEvent>> {
     let mut out = Vec::with_capacity(seqs.len());
     for chunk in seqs.chunks(super::outliers::IDS_PER_QUERY) {
-        let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
-        let sql =
-            format!("SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq IN ({})", list.join(", "));
+        let sql = format!(
+            "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq IN ({})",
+            super::params(2, chunk.len())
+        );
         let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql)).bind(room_id);
         for seq in chunk {
             query = query.bind(*seq);
@@ -551,8 +552,10 @@ async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<
 pub async fn members_at(db: &Db, room_id: &str, users: &[&str], at: i64) -> Result<Vec<StoredEvent>> {
     let mut out = Vec::with_capacity(users.len());
     for chunk in users.chunks(super::outliers::IDS_PER_QUERY) {
-        let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
-        let extra = format!("AND s.event_type = 'm.room.member' AND s.state_key IN ({})", list.join(", "));
+        let extra = format!(
+            "AND s.event_type = 'm.room.member' AND s.state_key IN ({})",
+            super::params(3, chunk.len())
+        );
         let mut query =
             sqlx::query_as::<_, RunRow>(sqlx::AssertSqlSafe(sql::state_at(&extra))).bind(room_id).bind(at);
         for user in chunk {
@@ -703,12 +706,11 @@ pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<Stri
 pub async fn rooms_changed(db: &Db, rooms: &[&str], after: i64, upto: i64) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for chunk in rooms.chunks(super::outliers::IDS_PER_QUERY) {
-        let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
         let sql = format!(
             "SELECT x.room_id FROM rooms x WHERE x.room_id IN ({}) \
              AND (EXISTS (SELECT 1 FROM events e WHERE e.room_id = x.room_id AND e.stream > $1 AND e.stream <= $2) \
                OR EXISTS (SELECT 1 FROM receipts r WHERE r.room_id = x.room_id AND r.stream > $1 AND r.stream <= $2))",
-            list.join(", ")
+            super::params(3, chunk.len())
         );
         let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)).bind(after).bind(upto);
         for room in chunk {

@@ -81,18 +81,6 @@ fn to_ranges(rows: Vec<(String, i64, Option<i64>, i64)>) -> Vec<Range> {
         .collect()
 }
 
-/// Users whose stays hold `seq`: who receives the event at `seq`.
-pub async fn holders(db: &Db, room_id: &str, seq: i64) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "SELECT DISTINCT user_id FROM memberships WHERE room_id = $1 AND kind = 'join' \
-         AND window_seq <= $2 AND (max_seq IS NULL OR max_seq >= $2) ORDER BY user_id",
-    )
-    .bind(room_id)
-    .bind(seq)
-    .fetch_all(&db.pool)
-    .await?)
-}
-
 /// A user's membership ranges in a room, by start, and their own floor in
 /// it (0: none), in one statement (a read's first look at a user needs both).
 pub async fn ranges_and_floor(db: &Db, room_id: &str, user_id: &str) -> Result<(Vec<Range>, i64)> {
@@ -176,14 +164,6 @@ pub async fn holders_between(db: &Db, room_id: &str, lo: i64, hi: i64) -> Result
         .fetch_one(&db.pool)
         .await?;
     Ok(super::split_column(joined))
-}
-
-/// Rooms where a user has any membership range: (room_id, open or ended).
-pub async fn rooms_of(db: &Db, user_id: &str) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("SELECT DISTINCT room_id FROM memberships WHERE user_id = $1 ORDER BY room_id")
-        .bind(user_id)
-        .fetch_all(&db.pool)
-        .await?)
 }
 
 /// Rooms where a user has any membership range and that they have not

@@ -337,6 +337,12 @@ impl Db {
     }
 }
 
+/// `$from, $from+1, …`: `n` placeholders, for an `IN (…)` list bound after
+/// `from - 1` other parameters.
+pub(crate) fn params(from: usize, n: usize) -> String {
+    (from..from + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
 /// Milliseconds since the Unix epoch, as stored in `*_ts` columns.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

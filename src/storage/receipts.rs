@@ -20,6 +20,27 @@ pub struct Receipt {
     pub ts: i64,
 }
 
+/// A user's read receipts (public or private) in a room: the highest seq
+/// they reach per thread id ('' for unthreaded), as `columns` (where
+/// `r.thread_id` and `MAX(e.seq)` stand). `$1` is the room, `user` the
+/// user's placeholder.
+fn read_up_to_sql(columns: &str, user: &str) -> String {
+    format!(
+        "SELECT {columns} FROM receipts r JOIN events e ON e.event_id = r.event_id \
+         WHERE r.room_id = $1 AND r.user_id = {user} AND r.receipt_type IN ('m.read', 'm.read.private') \
+         GROUP BY r.thread_id"
+    )
+}
+
+/// See [`read_up_to_sql`].
+pub async fn read_up_to(db: &Db, room_id: &str, user: &str) -> Result<Vec<(String, Option<i64>)>> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(read_up_to_sql("r.thread_id, MAX(e.seq)", "$2")))
+        .bind(room_id)
+        .bind(user)
+        .fetch_all(&db.pool)
+        .await?)
+}
+
 /// A row of [`changed_and_read_up_to`]: a receipt's columns, then the seq
 /// a read mark reaches, whether the row is a read mark, and its stream.
 type ReceiptOrMark = (String, String, String, String, String, i64, Option<i64>, i64, i64);
@@ -35,16 +56,13 @@ pub async fn changed_and_read_up_to(
     upto: i64,
     user: &str,
 ) -> Result<(Vec<Receipt>, Vec<(String, Option<i64>)>)> {
-    let rows: Vec<ReceiptOrMark> = sqlx::query_as(
+    // The read marks' rows come with the receipts' columns blank.
+    let marks = read_up_to_sql("'', '', '', r.thread_id, '', 0, MAX(e.seq), 1, 0", "$4");
+    let rows: Vec<ReceiptOrMark> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts, NULL, 0, stream FROM receipts \
          WHERE room_id = $1 AND stream > $2 AND stream <= $3 \
-         UNION ALL \
-         SELECT '', '', '', r.thread_id, '', 0, MAX(e.seq), 1, 0 FROM receipts r \
-           JOIN events e ON e.event_id = r.event_id \
-         WHERE r.room_id = $1 AND r.user_id = $4 AND r.receipt_type IN ('m.read', 'm.read.private') \
-         GROUP BY r.thread_id \
-         ORDER BY 8, 9",
-    )
+         UNION ALL {marks} ORDER BY 8, 9"
+    )))
     .bind(room_id)
     .bind(after)
     .bind(upto)

@@ -10,6 +10,7 @@ use sqlx::AnyConnection;
 use super::Db;
 use super::events::{COLUMNS, Row, StoredEvent, from_row};
 use super::outliers::IDS_PER_QUERY;
+use super::params;
 use crate::error::Result;
 
 /// One relation, as the write path records it.
@@ -26,11 +27,6 @@ pub struct NewRelation<'a> {
 /// matched against the newest of them: older pieces are left out of
 /// relations, never anything unreadable let in.
 pub const MAX_SPANS: usize = 32;
-
-/// `$from, $from+1, ... ` (n placeholders).
-fn params(from: usize, n: usize) -> String {
-    (from..from + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
-}
 
 /// `(col BETWEEN $k AND $k+1 OR ...)` for `n` spans bound from `$from`;
 /// false for none.

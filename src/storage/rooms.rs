@@ -74,8 +74,7 @@ pub async fn get(db: &Db, room_id: &str) -> Result<Option<RoomRow>> {
 pub async fn get_many(db: &Db, ids: &[&str]) -> Result<Vec<RoomRow>> {
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(super::outliers::IDS_PER_QUERY) {
-        let list: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
-        let sql = format!("SELECT {COLUMNS} FROM rooms WHERE room_id IN ({})", list.join(", "));
+        let sql = format!("SELECT {COLUMNS} FROM rooms WHERE room_id IN ({})", super::params(1, chunk.len()));
         let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql));
         for id in chunk {
             query = query.bind(*id);

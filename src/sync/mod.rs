@@ -251,9 +251,17 @@ async fn build(
     }
     has_news |= !global_data.is_empty();
 
-    // An incremental sync over several rooms looks only into those with
-    // something new (one probe for all); the others have nothing to say.
-    let mut ids: Vec<&str> = rooms.iter().map(|(r, _)| r.as_str()).collect();
+    // The rooms the filter lets through; an incremental sync over several
+    // looks only into those with something new (one probe for all): the
+    // others have nothing to say.
+    let mut ids: Vec<&str> = rooms
+        .iter()
+        .map(|(r, _)| r.as_str())
+        .filter(|r| {
+            req.filter.rooms.as_ref().is_none_or(|only| only.iter().any(|o| o == r))
+                && !req.filter.not_rooms.iter().any(|n| n == r)
+        })
+        .collect();
     if !initial && !req.full_state && ids.len() > 1 {
         let changed = events::rooms_changed(&state.db, &ids, since.stream, now.stream).await?;
         ids.retain(|room| {
@@ -270,13 +278,10 @@ async fn build(
             .into_iter()
             .map(|r| (r.room_id.clone(), r))
             .collect();
+    // In the user's order of rooms; those the filter or the probe left out
+    // have no row.
     for (room_id, _) in rooms {
         let room_id = room_id.clone();
-        if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
-            || req.filter.not_rooms.contains(&room_id)
-        {
-            continue;
-        }
         let Some(row) = rows.remove(&room_id) else { continue };
         let view = read::view_of(row)?;
         let access = read::access(state, &view, &me.user_id).await?;

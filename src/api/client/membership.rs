@@ -46,11 +46,7 @@ async fn join_or_knock(
         return Err(Error::NotFound("Unknown room".into()));
     }
     let change = Change { target: me.user_id.clone(), membership, reason };
-    if extra.is_empty() {
-        membership::change(state, room_id, &me.user_id, change).await?;
-    } else {
-        membership::own_change_with_content(state, room_id, change, extra).await?;
-    }
+    membership::own_change_with_content(state, room_id, change, extra).await?;
     Ok(())
 }
 
