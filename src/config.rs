@@ -148,11 +148,20 @@ pub struct MediaConfig {
     pub max_thumbnail_pixels: u64,
     /// `/v1/create` reservations a user may hold unused at once.
     pub max_pending_uploads: u32,
+    /// Whether `/preview_url` fetches pages (404 M_UNRECOGNIZED when off).
+    pub url_previews: bool,
+    /// Bytes read of a previewed page or its image at most.
+    pub url_preview_max_bytes: usize,
 }
 
 impl Default for MediaConfig {
     fn default() -> Self {
-        Self { max_thumbnail_pixels: 32 * 1024 * 1024, max_pending_uploads: 5 }
+        Self {
+            max_thumbnail_pixels: 32 * 1024 * 1024,
+            max_pending_uploads: 5,
+            url_previews: true,
+            url_preview_max_bytes: 10 * 1024 * 1024,
+        }
     }
 }
 
@@ -314,12 +323,16 @@ pub struct RateLimits {
     pub presence_per_second: f64,
     /// Presence updates per user: burst.
     pub presence_burst: u32,
+    /// URL previews fetched per user: refill rate.
+    pub url_preview_per_second: f64,
+    /// URL previews fetched per user: burst.
+    pub url_preview_burst: u32,
     /// Proxies (addresses or CIDRs) whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Vec<String>,
 }
 
 impl RateLimits {
-    fn rates(&self) -> [(&'static str, f64, u32); 9] {
+    fn rates(&self) -> [(&'static str, f64, u32); 10] {
         [
             ("login", self.login_per_second, self.login_burst),
             ("login_account", self.login_account_per_second, self.login_account_burst),
@@ -330,6 +343,7 @@ impl RateLimits {
             ("invite_room", self.invite_room_per_second, self.invite_room_burst),
             ("invite_user", self.invite_user_per_second, self.invite_user_burst),
             ("presence", self.presence_per_second, self.presence_burst),
+            ("url_preview", self.url_preview_per_second, self.url_preview_burst),
         ]
     }
 }
@@ -410,6 +424,8 @@ impl Default for RateLimits {
             invite_user_burst: 5,
             presence_per_second: 0.1,
             presence_burst: 1,
+            url_preview_per_second: 0.2,
+            url_preview_burst: 10,
             trusted_proxies: Vec::new(),
         }
     }
@@ -581,6 +597,7 @@ impl Config {
         for (name, field) in [
             ("SEQLINE_FEDERATION", &mut self.federation.enabled),
             ("SEQLINE_FEDERATION_VERIFY_TLS", &mut self.federation.verify_tls),
+            ("SEQLINE_URL_PREVIEWS", &mut self.media.url_previews),
         ] {
             if let Some(v) = env(name) {
                 *field = match v.as_str() {
@@ -635,6 +652,11 @@ impl Config {
         if let Some(v) = env("SEQLINE_MAX_THUMBNAIL_PIXELS") {
             self.media.max_thumbnail_pixels = v.parse().map_err(|_| {
                 ConfigError(format!("SEQLINE_MAX_THUMBNAIL_PIXELS: {v:?} is not a pixel count"))
+            })?;
+        }
+        if let Some(v) = env("SEQLINE_URL_PREVIEW_MAX_BYTES") {
+            self.media.url_preview_max_bytes = v.parse().map_err(|_| {
+                ConfigError(format!("SEQLINE_URL_PREVIEW_MAX_BYTES: {v:?} is not a byte count"))
             })?;
         }
         if let Some(v) = env("SEQLINE_MAX_PENDING_MEDIA_UPLOADS") {
@@ -871,7 +893,10 @@ mod tests {
             _ => None,
         };
         let s = Config::load(None, env).unwrap().validate().unwrap();
-        assert_eq!(s.media, MediaConfig { max_thumbnail_pixels: 1000, max_pending_uploads: 0 });
+        assert_eq!(
+            s.media,
+            MediaConfig { max_thumbnail_pixels: 1000, max_pending_uploads: 0, ..MediaConfig::default() }
+        );
         let env = |k: &str| (k == "SEQLINE_MAX_THUMBNAIL_PIXELS").then(|| "0".to_owned());
         let err = Config::load(None, env).unwrap().validate().unwrap_err();
         assert!(err.0.starts_with("media.max_thumbnail_pixels"), "{err}");

@@ -109,6 +109,12 @@ pub enum Error {
     /// Another server could not be asked (unreachable, or a bad answer): 502 M_UNKNOWN.
     #[error("{0}")]
     RemoteUnavailable(String),
+    /// Another host's answer is larger than we read (a previewed page): 502 M_TOO_LARGE.
+    #[error("{0}")]
+    RemoteTooLarge(String),
+    /// Another host did not answer in time (a previewed page): 504 M_UNKNOWN.
+    #[error("{0}")]
+    RemoteTimeout(String),
     /// A room's version is not among those the asking server supports
     /// (make_join's `ver`): 400 M_INCOMPATIBLE_ROOM_VERSION with the room's version.
     #[error("Your homeserver does not support the features required to join this room")]

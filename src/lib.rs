@@ -9,6 +9,7 @@ pub mod federation;
 pub mod media;
 pub mod notify;
 pub mod outbound;
+pub mod preview;
 pub mod ratelimit;
 pub mod room;
 pub mod server;

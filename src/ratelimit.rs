@@ -37,6 +37,8 @@ pub enum Action {
     InviteUser,
     /// Presence updates by a user.
     Presence,
+    /// URL previews fetched for a user (cached ones are free).
+    UrlPreview,
 }
 
 /// Whose bucket.
@@ -94,6 +96,7 @@ impl RateLimiter {
             Action::InviteRoom => (c.invite_room_per_second, c.invite_room_burst),
             Action::InviteUser => (c.invite_user_per_second, c.invite_user_burst),
             Action::Presence => (c.presence_per_second, c.presence_burst),
+            Action::UrlPreview => (c.url_preview_per_second, c.url_preview_burst),
         };
         (per_second, f64::from(burst))
     }

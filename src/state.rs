@@ -55,6 +55,8 @@ pub struct Services {
     pub push_defaults: crate::notify::DefaultRules,
     /// Thumbnails made at once: one per core.
     pub thumbnailing: tokio::sync::Semaphore,
+    /// URL previews being made.
+    pub previews: crate::preview::Previews,
     /// Servers whose keys could not be fetched lately, not asked again yet.
     pub key_fetch_backoff: crate::federation::keys::FetchBackoff,
     /// The tasks sending our events to other servers.
@@ -102,6 +104,7 @@ impl AppState {
             thumbnailing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             ),
+            previews: crate::preview::Previews::default(),
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
             federation_sender: crate::federation::sender::Sender::default(),
             backfills: crate::federation::backfill::Backfills::default(),

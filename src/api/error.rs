@@ -37,6 +37,8 @@ impl Error {
             Self::NotYetUploaded => (StatusCode::GATEWAY_TIMEOUT, "M_NOT_YET_UPLOADED"),
             Self::Unknown(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN"),
             Self::RemoteUnavailable(_) => (StatusCode::BAD_GATEWAY, "M_UNKNOWN"),
+            Self::RemoteTooLarge(_) => (StatusCode::BAD_GATEWAY, "M_TOO_LARGE"),
+            Self::RemoteTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "M_UNKNOWN"),
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "M_UNAUTHORIZED"),
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
             Self::IncompatibleRoomVersion { .. } => (StatusCode::BAD_REQUEST, "M_INCOMPATIBLE_ROOM_VERSION"),

@@ -1,6 +1,6 @@
 //! Media endpoints: upload (direct, and `/v1/create` + `PUT`), download and
 //! thumbnails (authenticated `/_matrix/client/v1/media/...` and the legacy
-//! `/_matrix/media/v3/...`), config, URL previews (empty: no outbound fetches).
+//! `/_matrix/media/v3/...`), config, URL previews (see [`crate::preview`]).
 //!
 //! Downloads are served so a browser never runs them: a sandboxing CSP,
 //! `nosniff`, and `attachment` unless the type is on the spec's inline list.
@@ -28,7 +28,7 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
         .route("/_matrix/client/v1/media/download/{server}/{id}", get(download_authed))
         .route("/_matrix/client/v1/media/download/{server}/{id}/{filename}", get(download_authed_named))
         .route("/_matrix/client/v1/media/thumbnail/{server}/{id}", get(thumbnail_authed))
-        .route("/_matrix/client/v1/media/preview_url", get(preview_authed));
+        .route("/_matrix/client/v1/media/preview_url", get(preview));
     for version in ["v3", "r0"] {
         router = router
             .route(&format!("/_matrix/media/{version}/upload"), post(upload))
@@ -40,7 +40,7 @@ pub fn routes(router: Router<AppState>) -> Router<AppState> {
                 get(download_legacy_named),
             )
             .route(&format!("/_matrix/media/{version}/thumbnail/{{server}}/{{id}}"), get(thumbnail_legacy))
-            .route(&format!("/_matrix/media/{version}/preview_url"), get(preview_legacy));
+            .route(&format!("/_matrix/media/{version}/preview_url"), get(preview));
     }
     router
 }
@@ -256,11 +256,25 @@ async fn thumbnail_legacy(
     thumb(&state, &server, &id, q).await
 }
 
-/// No outbound fetching: an empty preview (a valid answer with no `og:` keys).
-async fn preview_authed(_me: Authed) -> axum::Json<serde_json::Value> {
-    axum::Json(json!({}))
+#[derive(Debug, Deserialize)]
+struct PreviewQuery {
+    url: Option<String>,
+    /// The point in time wanted; previews are served as made last, so
+    /// this is only checked to be a number.
+    ts: Option<String>,
 }
 
-async fn preview_legacy(_me: Authed) -> axum::Json<serde_json::Value> {
-    axum::Json(json!({}))
+async fn preview(
+    State(state): State<AppState>,
+    Authed(me): Authed,
+    Query(q): Query<PreviewQuery>,
+) -> Result<axum::Json<serde_json::Value>> {
+    let url = q.url.ok_or_else(|| Error::MissingParam("url is required".into()))?;
+    if let Some(ts) = q.ts
+        && ts.parse::<i64>().is_err()
+    {
+        return Err(Error::InvalidParam("ts must be a number of milliseconds".into()));
+    }
+    let og = crate::preview::preview(&state, me.user_id.as_str(), &url).await?;
+    Ok(axum::Json(serde_json::Value::Object(og)))
 }

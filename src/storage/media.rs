@@ -128,3 +128,33 @@ pub async fn get(db: &Db, media_id: &str) -> Result<Option<MediaRow>> {
         created_ts,
     }))
 }
+
+/// The preview of `url` made last, unless it expired by `now`.
+pub async fn cached_preview(db: &Db, url: &str, now: i64) -> Result<Option<String>> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT preview FROM url_previews WHERE url = $1 AND expires_ts > $2")
+            .bind(url)
+            .bind(now)
+            .fetch_optional(&db.pool)
+            .await?;
+    Ok(row.map(|r| r.0))
+}
+
+/// Keeps the preview of `url` until `expires`, in place of an older one; and
+/// forgets previews that expired before `now`.
+pub async fn cache_preview(db: &Db, url: &str, preview: &str, now: i64, expires: i64) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    sqlx::query("DELETE FROM url_previews WHERE expires_ts <= $1").bind(now).execute(tx.conn()).await?;
+    sqlx::query(
+        "INSERT INTO url_previews (url, preview, fetched_ts, expires_ts) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (url) DO UPDATE SET preview = excluded.preview, fetched_ts = excluded.fetched_ts, \
+         expires_ts = excluded.expires_ts",
+    )
+    .bind(url)
+    .bind(preview)
+    .bind(now)
+    .bind(expires)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await
+}

@@ -171,6 +171,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (25, "refresh_tokens", include_str!("../../migrations/sqlite/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/sqlite/0026_one_time_key_order.sql")),
     (27, "erased_users", include_str!("../../migrations/sqlite/0027_erased_users.sql")),
+    (28, "url_previews", include_str!("../../migrations/sqlite/0028_url_previews.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -200,6 +201,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (25, "refresh_tokens", include_str!("../../migrations/postgres/0025_refresh_tokens.sql")),
     (26, "one_time_key_order", include_str!("../../migrations/postgres/0026_one_time_key_order.sql")),
     (27, "erased_users", include_str!("../../migrations/postgres/0027_erased_users.sql")),
+    (28, "url_previews", include_str!("../../migrations/postgres/0028_url_previews.sql")),
 ];
 
 impl Db {

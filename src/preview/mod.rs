@@ -1,0 +1,296 @@
+//! URL previews (`GET /_matrix/client/v1/media/preview_url`): the page is
+//! fetched through [`crate::outbound::Outbound`] (no internal addresses, no
+//! proxies; redirects followed here, each hop checked again), read up to
+//! `media.url_preview_max_bytes`, and its Open Graph tags returned; the
+//! image it names (or the URL itself, when it is an image) is fetched the
+//! same way and stored as this server's media, so clients load it from here.
+//!
+//! A preview is kept in `url_previews` for [`CACHE_MS`] and served to anyone
+//! who asks for the same URL meanwhile; one fetch per URL runs at a time (the
+//! others wait for its result), at most [`MAX_FETCHES`] at once in all, and
+//! each user's fetches are rate limited (`rate_limits.url_preview_*`).
+
+pub mod html;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::{ACCEPT, ACCEPT_LANGUAGE, CONTENT_TYPE, LOCATION};
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, Result};
+use crate::outbound::{OutboundError, read_capped};
+use crate::ratelimit::Action;
+use crate::state::AppState;
+use crate::storage::{self, media as store};
+
+/// How long a preview is served again before the page is fetched anew.
+pub const CACHE_MS: i64 = 60 * 60 * 1000;
+/// Page (and image) fetches under way at once, over all users.
+pub const MAX_FETCHES: usize = 8;
+/// Redirects followed before giving up.
+const MAX_REDIRECTS: usize = 10;
+/// Longest URL previewed.
+const MAX_URL_LEN: usize = 2048;
+/// Time one fetch may take in all (connect, redirects, body).
+const FETCH_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What is shared between preview requests.
+#[derive(Debug)]
+pub struct Previews {
+    /// One lock per URL being previewed now.
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    slots: tokio::sync::Semaphore,
+}
+
+impl Default for Previews {
+    fn default() -> Self {
+        Self { in_flight: Mutex::default(), slots: tokio::sync::Semaphore::new(MAX_FETCHES) }
+    }
+}
+
+impl Previews {
+    fn lock_for(&self, url: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(url.to_owned()).or_default().clone()
+    }
+
+    /// Drops the URL's lock from the map when no one else holds it.
+    fn release(&self, url: &str, lock: Arc<tokio::sync::Mutex<()>>) {
+        let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The map's reference and this one.
+        if Arc::strong_count(&lock) <= 2 {
+            map.remove(url);
+        }
+    }
+}
+
+/// The preview of `url` for `user`: from the cache, or fetched now.
+pub async fn preview(state: &AppState, user: &str, url: &str) -> Result<Map<String, Value>> {
+    if !state.settings.media.url_previews {
+        return Err(Error::Unrecognized);
+    }
+    let parsed = parse_url(url)?;
+    if let Some(cached) = cached(state, url).await? {
+        return Ok(cached);
+    }
+    state.rate_limiter.check(Action::UrlPreview, user)?;
+    let lock = state.previews.lock_for(url);
+    let made = async {
+        let _turn = lock.lock().await;
+        // Another request may have made it while this one waited.
+        if let Some(cached) = cached(state, url).await? {
+            return Ok(cached);
+        }
+        let preview = make(state, user, parsed).await?;
+        let now = storage::now_ms();
+        store::cache_preview(
+            &state.db,
+            url,
+            &Value::Object(preview.clone()).to_string(),
+            now,
+            now + CACHE_MS,
+        )
+        .await?;
+        Ok(preview)
+    }
+    .await;
+    state.previews.release(url, lock);
+    made
+}
+
+/// `url` as an http(s) URL with a host: 400 M_INVALID_PARAM otherwise.
+fn parse_url(url: &str) -> Result<Url> {
+    let invalid = |why: &str| Error::InvalidParam(format!("url: {why}"));
+    if url.len() > MAX_URL_LEN {
+        return Err(invalid(&format!("longer than {MAX_URL_LEN} bytes")));
+    }
+    let parsed = Url::parse(url).map_err(|_| invalid("not a URL"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid("only http and https URLs are previewed"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("the URL has no host"));
+    }
+    Ok(parsed)
+}
+
+async fn cached(state: &AppState, url: &str) -> Result<Option<Map<String, Value>>> {
+    let Some(text) = store::cached_preview(&state.db, url, storage::now_ms()).await? else { return Ok(None) };
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(map)) => Ok(Some(map)),
+        _ => Ok(None),
+    }
+}
+
+/// Fetches `url` and makes its preview: an HTML page's Open Graph tags with
+/// its image stored here, or an image's own details; anything else previews
+/// as nothing (`{}`).
+async fn make(state: &AppState, user: &str, url: Url) -> Result<Map<String, Value>> {
+    let page = fetch(state, url).await?;
+    let media_type = page.media_type();
+    if media_type.starts_with("image/") {
+        return Ok(store_image(state, user, page).await?.unwrap_or_default());
+    }
+    if !matches!(media_type.as_str(), "text/html" | "application/xhtml+xml") {
+        return Ok(Map::new());
+    }
+    let charset = page.content_type.as_deref().and_then(html::charset_param);
+    let base = page.url.clone();
+    let body = page.body;
+    // Tokenizing megabytes of HTML is CPU work: off the async threads.
+    let mut og = tokio::task::spawn_blocking(move || {
+        let text = html::decode(&body, charset.as_deref());
+        html::open_graph(&text, &base)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("preview parsing: {e}")))?;
+    let image = og.get("og:image").and_then(Value::as_str).and_then(|u| Url::parse(u).ok());
+    if let Some(image_url) = image {
+        let stored = match fetch(state, image_url.clone()).await {
+            Ok(fetched) if fetched.media_type().starts_with("image/") => {
+                store_image(state, user, fetched).await?
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::info!(url = %image_url, error = %e, "a preview's image could not be fetched");
+                None
+            }
+        };
+        for key in ["og:image:width", "og:image:height", "og:image:type"] {
+            og.remove(key);
+        }
+        match stored {
+            Some(details) => og.extend(details),
+            None => {
+                og.remove("og:image");
+            }
+        }
+    }
+    Ok(og)
+}
+
+/// An image fetched, stored as media of `user`: `og:image` (its mxc URI),
+/// `og:image:type`, `matrix:image:size` and, when its header tells,
+/// `og:image:width` and `og:image:height`. `None` when it is empty.
+async fn store_image(state: &AppState, user: &str, image: Fetched) -> Result<Option<Map<String, Value>>> {
+    if image.body.is_empty() {
+        return Ok(None);
+    }
+    let media_type = image.media_type();
+    let filename = image.url.path_segments().and_then(|mut s| s.next_back()).filter(|s| !s.is_empty());
+    let id = crate::media::store(state, user, None, Some(&media_type), filename, &image.body).await?;
+    let mut details = Map::new();
+    details.insert("og:image".into(), json!(format!("mxc://{}/{id}", state.settings.server_name)));
+    details.insert("og:image:type".into(), json!(media_type));
+    details.insert("matrix:image:size".into(), json!(image.body.len()));
+    let dimensions = image::ImageReader::new(std::io::Cursor::new(&image.body))
+        .with_guessed_format()
+        .ok()
+        .and_then(|reader| reader.into_dimensions().ok());
+    if let Some((width, height)) = dimensions {
+        details.insert("og:image:width".into(), json!(width));
+        details.insert("og:image:height".into(), json!(height));
+    }
+    Ok(Some(details))
+}
+
+/// A fetched resource.
+#[derive(Debug)]
+struct Fetched {
+    /// Where it was found (after redirects).
+    url: Url,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Fetched {
+    /// The Content-Type without parameters, lower case.
+    fn media_type(&self) -> String {
+        let ct = self.content_type.as_deref().unwrap_or_default();
+        ct.split(';').next().unwrap_or_default().trim().to_ascii_lowercase()
+    }
+}
+
+/// GETs `url`, following redirects (each hop held to the address policy),
+/// reading at most `media.url_preview_max_bytes`. Waits for one of the
+/// [`MAX_FETCHES`] slots.
+async fn fetch(state: &AppState, url: Url) -> Result<Fetched> {
+    let _slot = state.previews.slots.acquire().await.map_err(|e| Error::Internal(e.to_string()))?;
+    let max = state.settings.media.url_preview_max_bytes;
+    tokio::time::timeout(FETCH_TIMEOUT, fetch_following(state, url, max))
+        .await
+        .map_err(|_| Error::RemoteTimeout("The page took too long to answer".into()))?
+}
+
+async fn fetch_following(state: &AppState, mut url: Url, max: usize) -> Result<Fetched> {
+    for _ in 0..=MAX_REDIRECTS {
+        let response = state
+            .outbound
+            .request(reqwest::Method::GET, url.as_str())
+            .map_err(outbound_error)?
+            .header(ACCEPT, "text/html,application/xhtml+xml;q=0.9,image/*;q=0.8,*/*;q=0.5")
+            .header(ACCEPT_LANGUAGE, "en")
+            .send()
+            .await
+            .map_err(|e| outbound_error(e.into()))?;
+        let status = response.status();
+        if status.is_redirection() {
+            let next = response
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|location| url.join(location).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    Error::RemoteUnavailable(format!("The page redirected ({status}) nowhere usable"))
+                })?;
+            url = next;
+            continue;
+        }
+        if !status.is_success() {
+            return Err(Error::RemoteUnavailable(format!("The page answered {status}")));
+        }
+        let content_type =
+            response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let body = read_capped(response, max).await.map_err(outbound_error)?;
+        return Ok(Fetched { url, content_type, body });
+    }
+    Err(Error::RemoteUnavailable(format!("The page redirected more than {MAX_REDIRECTS} times")))
+}
+
+/// An outbound failure as the client sees it: a refused address 403, too
+/// large 502 M_TOO_LARGE, too slow 504, the rest 502 (unreachable, a name
+/// resolving to refused addresses only, TLS).
+fn outbound_error(e: OutboundError) -> Error {
+    match e {
+        OutboundError::Refused(host) => {
+            Error::Forbidden(format!("{host}: previews of this address are not allowed"))
+        }
+        OutboundError::BadUrl(url) => Error::RemoteUnavailable(format!("{url}: not an http(s) URL")),
+        OutboundError::TooLarge(max) => Error::RemoteTooLarge(format!("The page is larger than {max} bytes")),
+        OutboundError::Http(e) if e.is_timeout() => {
+            Error::RemoteTimeout(format!("The page took too long: {e}"))
+        }
+        other => Error::RemoteUnavailable(format!("The page could not be fetched: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_http_urls_with_a_host_are_previewed() {
+        for bad in
+            ["", "not a url", "ftp://example.org/x", "file:///etc/passwd", "javascript:alert(1)", "http://"]
+        {
+            assert!(matches!(parse_url(bad), Err(Error::InvalidParam(_))), "{bad:?}");
+        }
+        let long = format!("https://example.org/{}", "a".repeat(MAX_URL_LEN));
+        assert!(matches!(parse_url(&long), Err(Error::InvalidParam(_))));
+        assert!(parse_url("https://example.org/page?q=1#x").is_ok());
+    }
+}
