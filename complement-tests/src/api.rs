@@ -36,6 +36,24 @@ pub fn assert_error(response: &(u16, Value), status: u16, errcode: &str, what: &
     );
 }
 
+/// Deactivates `user` (whose login is `localpart` / `password`) through the
+/// password stage of user-interactive auth, erasing them when `erase`.
+pub async fn deactivate(
+    server: &crate::harness::Server,
+    user: &crate::harness::User,
+    localpart: &str,
+    password: &str,
+    erase: bool,
+) {
+    let path = format!("{V3}/account/deactivate");
+    let (status, flows) = server.post(&path, Some(&user.token), json!({ "erase": erase })).await;
+    assert_eq!(status, 401, "{flows}");
+    let body = json!({ "erase": erase, "auth": { "type": "m.login.password", "session": flows["session"],
+        "password": password, "identifier": { "type": "m.id.user", "user": localpart } } });
+    let (status, done) = server.post(&path, Some(&user.token), body).await;
+    assert_eq!(status, 200, "{done}");
+}
+
 /// An `m.text` message content.
 pub fn text(body: &str) -> Value {
     json!({ "msgtype": "m.text", "body": body })

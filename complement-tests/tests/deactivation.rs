@@ -2,7 +2,7 @@
 //! (no login, no token, no registering the name again), its rooms are left,
 //! invites turned down, and what the server kept for it alone is deleted.
 
-use complement_tests::api::{V3, assert_error, create_room, join, room_path, text};
+use complement_tests::api::{V3, assert_error, create_room, deactivate, join, room_path, text};
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server};
 use serde_json::{Value, json};
@@ -122,13 +122,7 @@ async fn erased_messages_are_redacted_for_later_joiners(backend: Backend) {
     for (user, localpart, password, erase) in
         [(&alice, "alice", "pw-alice", true), (&eve, "eve", "pw-eve", false)]
     {
-        let path = format!("{V3}/account/deactivate");
-        let (status, flows) = server.post(&path, Some(&user.token), json!({ "erase": erase })).await;
-        assert_eq!(status, 401, "{flows}");
-        let body = json!({ "erase": erase, "auth": { "type": "m.login.password", "session": flows["session"],
-            "password": password, "identifier": { "type": "m.id.user", "user": localpart } } });
-        let (status, done) = server.post(&path, Some(&user.token), body).await;
-        assert_eq!(status, 200, "{done}");
+        deactivate(&server, user, localpart, password, erase).await;
     }
     join(&server, &carol, &room).await;
     let bodies = |page: &Value| -> Vec<(String, Value)> {

@@ -8,7 +8,8 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use complement_tests::api::{
-    V3, assert_error, create_room, enc, event_id_of, eventually, message_bodies, room_path, text,
+    V3, assert_error, create_room, deactivate, enc, event_id_of, eventually, join as join_locally,
+    message_bodies, room_path, text,
 };
 use complement_tests::backend_tests;
 use complement_tests::federation::{FedServer, now_ms, x_matrix};
@@ -28,6 +29,7 @@ backend_tests!(
     a_partial_join_completes,
     server_acls_are_enforced,
     v2_event_ids_must_be_signed_by_the_server_they_name,
+    erased_users_events_go_to_other_servers_redacted,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -201,6 +203,20 @@ impl<'a> Acting<'a> {
     async fn send_txn(&self, txn: &str, pdus: &[&Value]) -> (u16, Value) {
         let body = json!({ "origin": self.remote.name, "origin_server_ts": now_ms(), "pdus": pdus });
         self.call("PUT", &format!("/_matrix/federation/v1/send/{txn}"), Some(&body)).await
+    }
+
+    /// `user` of the remote server joins `room` (v11 template) by make_join
+    /// and send_join; answers the join's event id, the join and the send_join answer.
+    async fn join(&self, room: &str, user: &str) -> (String, Value, Value) {
+        let make_join = format!("/_matrix/federation/v1/make_join/{}/{}?ver=11", enc(room), enc(user));
+        let (status, template) = self.call("GET", &make_join, None).await;
+        assert_eq!(status, 200, "{template}");
+        let mut join = template["event"].clone();
+        let join_id = self.sign(&mut join);
+        let send_join = format!("/_matrix/federation/v2/send_join/{}/{}", enc(room), enc(&join_id));
+        let (status, answer) = self.call("PUT", &send_join, Some(&join)).await;
+        assert_eq!(status, 200, "{answer}");
+        (join_id, join, answer)
     }
 }
 
@@ -690,13 +706,7 @@ async fn server_acls_are_enforced(backend: Backend) {
     let acl_path = room_path(&room, "/state/m.room.server_acl/");
     let (status, body) = a.server.put(&acl_path, Some(&alice.token), json!({ "allow": ["*"] })).await;
     assert_eq!(status, 200, "{body}");
-    let (status, template) = acting.call("GET", &make_join, None).await;
-    assert_eq!(status, 200, "{template}");
-    let mut join = template["event"].clone();
-    let join_id = acting.sign(&mut join);
-    let send_join = format!("/_matrix/federation/v2/send_join/{}/{}", enc(&room), enc(&join_id));
-    let (status, answer) = acting.call("PUT", &send_join, Some(&join)).await;
-    assert_eq!(status, 200, "{answer}");
+    let (join_id, join, answer) = acting.join(&room, &bob).await;
     let create_id = state_id(&answer["state"], "m.room.create", "");
     let power_id = state_id(&answer["state"], "m.room.power_levels", "");
     let (status, body) = a.server.put(&acl_path, Some(&alice.token), deny_b).await;
@@ -836,4 +846,57 @@ async fn v2_event_ids_must_be_signed_by_the_server_they_name(backend: Backend) {
     assert_error(&response, 400, "M_UNSUPPORTED_ROOM_VERSION", "a remote invite into a version 1 room");
     let member = room_path(&old, &format!("/state/m.room.member/{}", enc(&bob)));
     assert_eq!(a.server.get(&member, Some(&alice.token)).await.0, 404);
+}
+
+/// A user deactivated with `erase: true`: other servers that ask for their
+/// events (`/event`, `/backfill`, `/get_missing_events`) get them redacted,
+/// like the local users who were not there; everyone else's stay whole.
+async fn erased_users_events_go_to_other_servers_redacted(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let dave = a.server.register("dave", "pw-dave").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    join_locally(&a.server, &dave, &room).await;
+    let mut sent = Vec::new();
+    for (user, txn, body) in [(&dave, "d1", "dave's words"), (&alice, "a1", "alice's words")] {
+        let path = room_path(&room, &format!("/send/m.room.message/{txn}"));
+        let (status, answer) = a.server.put(&path, Some(&user.token), text(body)).await;
+        assert_eq!(status, 200, "{answer}");
+        sent.push(event_id_of(&answer));
+    }
+    let (daves, alices) = (sent[0].clone(), sent[1].clone());
+    deactivate(&a.server, &dave, "dave", "pw-dave", true).await;
+
+    let (join_id, _, _) = acting.join(&room, &bob).await;
+
+    let event = |id: &str| format!("/_matrix/federation/v1/event/{}", enc(id));
+    let (status, page) = acting.call("GET", &event(&daves), None).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["pdus"][0]["content"], json!({}), "{page}");
+    assert_eq!(pdu::event_id(&page["pdus"][0]), daves, "the same event, redacted");
+    let (status, page) = acting.call("GET", &event(&alices), None).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["pdus"][0]["content"]["body"], "alice's words");
+
+    let backfill = format!("/_matrix/federation/v1/backfill/{}?v={}&limit=20", enc(&room), enc(&join_id));
+    let gme = json!({ "earliest_events": [], "latest_events": [join_id], "limit": 20 });
+    let missing = format!("/_matrix/federation/v1/get_missing_events/{}", enc(&room));
+    for (method, uri, body) in [("GET", &backfill, None), ("POST", &missing, Some(&gme))] {
+        let (status, page) = acting.call(method, uri, body).await;
+        assert_eq!(status, 200, "{uri}: {page}");
+        let key = if method == "GET" { "pdus" } else { "events" };
+        let content = |id: &str| {
+            page[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| pdu::event_id(e) == id)
+                .map(|e| e["content"].clone())
+        };
+        assert_eq!(content(&daves), Some(json!({})), "{uri}: {page}");
+        assert_eq!(content(&alices).unwrap()["body"], "alice's words", "{uri}");
+        assert!(!page.to_string().contains("dave's words"), "{uri}: {page}");
+    }
 }

@@ -7,7 +7,11 @@ use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server, User};
 use serde_json::{Value, json};
 
-backend_tests!(an_upgrade_replaces_the_room, a_moderator_who_may_tombstone_may_upgrade);
+backend_tests!(
+    an_upgrade_replaces_the_room,
+    a_moderator_who_may_tombstone_may_upgrade,
+    upgrades_to_v12_name_the_creators_and_drop_them_from_the_levels,
+);
 
 async fn state(server: &Server, user: &User, room: &str, kind: &str) -> (u16, Value) {
     server.get(&room_path(room, &format!("/state/{kind}/")), Some(&user.token)).await
@@ -128,4 +132,101 @@ async fn a_moderator_who_may_tombstone_may_upgrade(backend: Backend) {
         (200, Some(new_room.as_str())),
         "{tombstone}"
     );
+}
+
+/// Upgrades to v12 (MSC4289): whoever upgrades (a creator or not) creates
+/// the new room; `additional_creators` become its other creators; creators
+/// have no entry in the new room's power levels, everyone else keeps theirs.
+async fn upgrades_to_v12_name_the_creators_and_drop_them_from_the_levels(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let charlie = server.register("charlie", "pw").await;
+    let (a, b, c) = (alice.user_id.as_str(), bob.user_id.as_str(), charlie.user_id.as_str());
+    struct Case<'a> {
+        what: &'a str,
+        version: &'a str,
+        levels: Value,
+        upgrader: &'a User,
+        additional: Option<Vec<&'a str>>,
+        want_users: Value,
+    }
+    let cases = [
+        Case {
+            what: "a non-creator admin upgrades v11",
+            version: "11",
+            levels: json!({ b: 100 }),
+            upgrader: &bob,
+            additional: None,
+            want_users: json!({}),
+        },
+        Case {
+            what: "a non-creator admin upgrades v11, a moderator stays",
+            version: "11",
+            levels: json!({ b: 100, c: 100 }),
+            upgrader: &bob,
+            additional: None,
+            want_users: json!({ c: 100 }),
+        },
+        Case {
+            what: "a non-creator admin upgrades v12 with another creator",
+            version: "12",
+            levels: json!({ b: 150 }),
+            upgrader: &bob,
+            additional: Some(vec![c]),
+            want_users: json!({}),
+        },
+        Case {
+            what: "a non-creator admin upgrades v12; the new creator loses his level entry",
+            version: "12",
+            levels: json!({ b: 150, c: 50 }),
+            upgrader: &bob,
+            additional: Some(vec![c]),
+            want_users: json!({}),
+        },
+        Case {
+            what: "the creator upgrades v11 with an additional creator",
+            version: "11",
+            levels: json!({ a: 100, b: 100 }),
+            upgrader: &alice,
+            additional: Some(vec![b]),
+            want_users: json!({}),
+        },
+        Case {
+            what: "the creator upgrades v11 with an additional creator and a moderator",
+            version: "11",
+            levels: json!({ a: 100, b: 100, c: 50 }),
+            upgrader: &alice,
+            additional: Some(vec![b]),
+            want_users: json!({ c: 50 }),
+        },
+    ];
+    for case in cases {
+        let room =
+            create_room(&server, &alice, json!({ "room_version": case.version, "preset": "public_chat" }))
+                .await;
+        join(&server, &bob, &room).await;
+        join(&server, &charlie, &room).await;
+        let path = room_path(&room, "/state/m.room.power_levels/");
+        let (status, body) = server.put(&path, Some(&alice.token), json!({ "users": case.levels })).await;
+        assert_eq!(status, 200, "{}: {body}", case.what);
+        let mut upgrade = json!({ "new_version": "12" });
+        if let Some(additional) = &case.additional {
+            upgrade["additional_creators"] = json!(additional);
+        }
+        let path = format!("{V3}/rooms/{}/upgrade", enc(&room));
+        let (status, body) = server.post(&path, Some(&case.upgrader.token), upgrade).await;
+        assert_eq!(status, 200, "{}: {body}", case.what);
+        let new_room = body["replacement_room"].as_str().expect("replacement_room").to_owned();
+        let (status, create) = state(&server, case.upgrader, &new_room, "m.room.create").await;
+        assert_eq!(status, 200, "{}: {create}", case.what);
+        assert_eq!(create["room_version"], "12", "{}", case.what);
+        match &case.additional {
+            Some(additional) => assert_eq!(create["additional_creators"], json!(additional), "{}", case.what),
+            None => assert!(create.get("additional_creators").is_none(), "{}: {create}", case.what),
+        }
+        let (status, levels) = state(&server, case.upgrader, &new_room, "m.room.power_levels").await;
+        assert_eq!(status, 200, "{}: {levels}", case.what);
+        assert_eq!(levels["users"], case.want_users, "{}: {levels}", case.what);
+    }
 }

@@ -218,10 +218,17 @@ pub fn raw_held(events: Vec<Held>) -> Result<Vec<Box<RawJsonValue>>> {
     events.into_iter().map(|e| raw_json(e.json)).collect()
 }
 
-/// An event as `server` may be sent it: whole where it may read it and the
-/// event is not redacted, else the redacted copy.
-fn as_served(view: &RoomView, readable: &SeqRanges, stored: &StoredEvent) -> Result<Box<RawJsonValue>> {
-    if readable.contains(stored.seq) && stored.redacted_by.is_none() {
+/// An event as `server` may be sent it: whole where it may read it, the
+/// event is not redacted and its sender was not erased (deactivated with
+/// `erase: true`; Synapse sends those redacted to every server too), else
+/// the redacted copy.
+fn as_served(
+    state: &AppState,
+    view: &RoomView,
+    readable: &SeqRanges,
+    stored: &StoredEvent,
+) -> Result<Box<RawJsonValue>> {
+    if readable.contains(stored.seq) && stored.redacted_by.is_none() && !sender_erased(state, &stored.json) {
         return raw_json(stored.json.clone());
     }
     let object: CanonicalJsonObject =
@@ -229,6 +236,16 @@ fn as_served(view: &RoomView, readable: &SeqRanges, stored: &StoredEvent) -> Res
     let redacted = ruma::canonical_json::redact(object, &view.rules.redaction, None)
         .map_err(|e| Error::Internal(format!("redact: {e}")))?;
     raw_json(serde_json::to_string(&redacted).map_err(|e| Error::Internal(e.to_string()))?)
+}
+
+/// Whether the sender of the event `json` was erased.
+fn sender_erased(state: &AppState, json: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Sender {
+        sender: String,
+    }
+    let erased = state.erased.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    !erased.is_empty() && serde_json::from_str::<Sender>(json).is_ok_and(|e| erased.contains(&e.sender))
 }
 
 /// A stored event of the room by id; 404 for unknown ones and for another
@@ -248,7 +265,7 @@ pub async fn event(state: &AppState, server: &ServerName, event_id: &EventId) ->
     let room_id = RoomId::parse(&stored.room_id).map_err(|e| Error::Internal(e.to_string()))?;
     let view = open_room(state, &room_id).await?;
     let readable = read::server_access(state, &view, server).await?;
-    as_served(&view, &readable, &stored)
+    as_served(state, &view, &readable, &stored)
 }
 
 /// `/state` and `/state_ids`: the room's state before `event_id` and the
@@ -309,7 +326,7 @@ pub async fn backfill(
     let limit = i64::try_from(limit.clamp(1, MAX_BACKFILL)).unwrap_or(1);
     let floor = view.room.floor_seq.max(1);
     let page = events::range(&state.db, room_id.as_str(), floor, top, true, limit).await?;
-    page.iter().map(|e| as_served(&view, &readable, e)).collect()
+    page.iter().map(|e| as_served(state, &view, &readable, e)).collect()
 }
 
 /// `/get_missing_events/{roomId}`: events reached from `latest` by prev
@@ -352,5 +369,5 @@ pub async fn missing_events(
         out.push(e);
     }
     out.sort_by_key(|e| e.seq);
-    out.iter().map(|e| as_served(&view, &readable, e)).collect()
+    out.iter().map(|e| as_served(state, &view, &readable, e)).collect()
 }
