@@ -8,17 +8,21 @@
 //! allows a room they are joined to, or its history is world-readable; the
 //! space asked for must be visible itself (else 403). The children of a room
 //! that is no space (`room_type` `m.space`), or that the caller may not see,
-//! are not walked. Only rooms this server has are listed (asking other
-//! servers for theirs is left for later).
+//! are not walked. Rooms this server does not have are asked of the servers
+//! their link names (`/_matrix/federation/v1/hierarchy`), whose answers are
+//! held to the same rules for the user; [`for_server`] answers other
+//! servers' questions by the server's own view (open rooms, and those its
+//! users are in or, restricted, allowed through).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use ruma::RoomId;
+use ruma::api::federation::space::get_hierarchy;
+use ruma::{RoomId, ServerName};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use crate::state::AppState;
-use crate::storage::{events, rooms};
+use crate::storage::{events, federation, rooms};
 
 /// The default and the largest page.
 const DEFAULT_LIMIT: usize = 50;
@@ -62,49 +66,67 @@ fn parse_token(token: &str, q: &Query<'_>, max_depth: usize) -> Result<usize> {
     Ok(offset)
 }
 
-/// One child link: the child's id and the stripped link event.
+/// One child link: the child's id, the servers to reach it through and the
+/// stripped link event.
 struct Link {
     child: String,
+    via: Vec<String>,
     order: Option<String>,
     ts: i64,
     stripped: Value,
     suggested: bool,
 }
 
-/// The room's valid child links, in the spec's order.
-async fn links(state: &AppState, room_id: &str) -> Result<Vec<Link>> {
-    let mut out = Vec::new();
-    for stored in events::current_state_of_type(&state.db, room_id, "m.space.child").await? {
-        let pdu: Value = serde_json::from_str(&stored.json).unwrap_or_default();
-        let content = &pdu["content"];
-        // A link without servers to reach the child through is no link.
-        if content["via"].as_array().is_none_or(|v| v.is_empty()) {
-            continue;
-        }
-        let Some(child) = pdu["state_key"].as_str().filter(|k| RoomId::parse(*k).is_ok()) else { continue };
-        let order = content["order"]
-            .as_str()
-            .filter(|o| o.len() <= 50 && o.chars().all(|c| ('\x20'..='\x7e').contains(&c)))
-            .map(str::to_owned);
-        out.push(Link {
-            child: child.to_owned(),
-            order,
-            ts: pdu["origin_server_ts"].as_i64().unwrap_or(0),
-            suggested: content["suggested"].as_bool() == Some(true),
-            stripped: json!({
-                "type": "m.space.child",
-                "state_key": child,
-                "content": content,
-                "sender": pdu["sender"],
-                "origin_server_ts": pdu["origin_server_ts"],
-            }),
-        });
+/// A link from an `m.space.child` event (stored, or stripped in another
+/// server's answer): none without a valid room id as its state key or
+/// without servers to reach the child through.
+fn link(event: &Value) -> Option<Link> {
+    let content = &event["content"];
+    let via: Vec<String> =
+        content["via"].as_array()?.iter().filter_map(Value::as_str).map(str::to_owned).collect();
+    if via.is_empty() || event["type"] != "m.space.child" {
+        return None;
     }
-    // Ordered links first (by order), then the rest; then the link's age, then the id.
-    out.sort_by(|a, b| {
+    let child = event["state_key"].as_str().filter(|k| RoomId::parse(*k).is_ok())?;
+    let order = content["order"]
+        .as_str()
+        .filter(|o| o.len() <= 50 && o.chars().all(|c| ('\x20'..='\x7e').contains(&c)))
+        .map(str::to_owned);
+    Some(Link {
+        child: child.to_owned(),
+        via,
+        order,
+        ts: event["origin_server_ts"].as_i64().unwrap_or(0),
+        suggested: content["suggested"].as_bool() == Some(true),
+        stripped: json!({
+            "type": "m.space.child",
+            "state_key": child,
+            "content": content,
+            "sender": event["sender"],
+            "origin_server_ts": event["origin_server_ts"],
+        }),
+    })
+}
+
+/// Links in the spec's order: ordered links first (by order), then the
+/// rest; then the link's age, then the id. With `suggested_only`, only those.
+fn ordered(mut links: Vec<Link>, suggested_only: bool) -> Vec<Link> {
+    links.retain(|l| !suggested_only || l.suggested);
+    links.sort_by(|a, b| {
         (a.order.is_none(), &a.order, a.ts, &a.child).cmp(&(b.order.is_none(), &b.order, b.ts, &b.child))
     });
-    Ok(out)
+    links
+}
+
+/// The local room's valid child links, in the spec's order.
+async fn links(state: &AppState, room_id: &str, suggested_only: bool) -> Result<Vec<Link>> {
+    let stored = events::current_state_of_type(&state.db, room_id, "m.space.child").await?;
+    let links = stored
+        .iter()
+        .filter_map(|s| serde_json::from_str::<Value>(&s.json).ok())
+        .filter_map(|e| link(&e))
+        .collect();
+    Ok(ordered(links, suggested_only))
 }
 
 /// The room's `allow` list of room ids (restricted join rules).
@@ -118,13 +140,28 @@ fn allowed_rooms(join_rules: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Whether `user` may see `room_id` in a hierarchy, and the room's join
-/// rules event (for `allowed_room_ids`).
-async fn visible(state: &AppState, user: &str, room_id: &str) -> Result<(bool, Value)> {
+/// A local room's join rules event and whether its history is world-readable.
+async fn openness(state: &AppState, room_id: &str) -> Result<(Value, bool)> {
     let join_rules: Value = match events::state_event(&state.db, room_id, "m.room.join_rules", "").await? {
         Some(stored) => serde_json::from_str(&stored.json).unwrap_or_default(),
         None => Value::Null,
     };
+    let world_readable = events::state_event(&state.db, room_id, "m.room.history_visibility", "")
+        .await?
+        .and_then(|s| serde_json::from_str::<Value>(&s.json).ok())
+        .is_some_and(|e| e["content"]["history_visibility"] == "world_readable");
+    Ok((join_rules, world_readable))
+}
+
+/// Whether a join rule lets anyone see the room in a hierarchy.
+fn open_rule(rule: &str) -> bool {
+    matches!(rule, "public" | "knock" | "knock_restricted")
+}
+
+/// Whether `user` may see the local room `room_id` in a hierarchy, and the
+/// room's join rules event (for `allowed_room_ids`).
+async fn visible(state: &AppState, user: &str, room_id: &str) -> Result<(bool, Value)> {
+    let (join_rules, world_readable) = openness(state, room_id).await?;
     if matches!(
         events::current_membership(&state.db, room_id, user).await?.as_deref(),
         Some("join" | "invite")
@@ -132,24 +169,65 @@ async fn visible(state: &AppState, user: &str, room_id: &str) -> Result<(bool, V
         return Ok((true, join_rules));
     }
     let rule = join_rules["content"]["join_rule"].as_str().unwrap_or("invite");
-    if matches!(rule, "public" | "knock") {
+    let allowed = allowed_rooms(&join_rules);
+    let visible = open_rule(rule)
+        || world_readable
+        || (rule == "restricted" && joined_to_any(state, user, &allowed).await?);
+    Ok((visible, join_rules))
+}
+
+/// Whether `user` is joined to one of `rooms` (as far as this server knows).
+async fn joined_to_any(state: &AppState, user: &str, rooms: &[String]) -> Result<bool> {
+    for room in rooms {
+        if events::current_membership(&state.db, room, user).await?.as_deref() == Some("join") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether `server` may see the local room `room_id` in a hierarchy: open
+/// join rules or world-readable history, one of its users in the room, or
+/// (restricted) in a room the rule allows; and the join rules event.
+async fn visible_to_server(state: &AppState, server: &ServerName, room_id: &str) -> Result<(bool, Value)> {
+    let (join_rules, world_readable) = openness(state, room_id).await?;
+    let rule = join_rules["content"]["join_rule"].as_str().unwrap_or("invite");
+    if open_rule(rule)
+        || world_readable
+        || federation::server_in_room(&state.db, room_id, server.as_str()).await?
+    {
         return Ok((true, join_rules));
     }
-    if matches!(rule, "restricted" | "knock_restricted") {
+    if rule == "restricted" {
         for allowed in allowed_rooms(&join_rules) {
-            if events::current_membership(&state.db, &allowed, user).await?.as_deref() == Some("join") {
+            if federation::server_in_room(&state.db, &allowed, server.as_str()).await? {
                 return Ok((true, join_rules));
             }
         }
-        if rule == "knock_restricted" {
-            return Ok((true, join_rules));
-        }
     }
-    let world_readable = events::state_event(&state.db, room_id, "m.room.history_visibility", "")
-        .await?
-        .and_then(|s| serde_json::from_str::<Value>(&s.json).ok())
-        .is_some_and(|e| e["content"]["history_visibility"] == "world_readable");
-    Ok((world_readable, join_rules))
+    Ok((false, join_rules))
+}
+
+/// Whether `user` may see a room another server described (`chunk`, as a
+/// hierarchy lists it): open join rules or world-readable history, or a
+/// restricted rule allowing a room the user is joined to.
+async fn visible_remote(state: &AppState, user: &str, chunk: &Value) -> Result<bool> {
+    // The spec's default join rule of a listed room is `public`.
+    let rule = chunk["join_rule"].as_str().unwrap_or("public");
+    if open_rule(rule) || chunk["world_readable"] == true {
+        return Ok(true);
+    }
+    if rule != "restricted" {
+        return Ok(false);
+    }
+    let allowed: Vec<String> = chunk["allowed_room_ids"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    joined_to_any(state, user, &allowed).await
 }
 
 /// One room as a hierarchy lists it.
@@ -182,7 +260,148 @@ async fn room_chunk(
     Ok(chunk)
 }
 
-/// A page of the space's hierarchy as `user` may see it.
+/// What this request learned from other servers about rooms this server
+/// does not have.
+#[derive(Default)]
+struct Remote {
+    /// Each room asked about: its chunk with `children_state`, or `None`
+    /// when no server answered.
+    asked: HashMap<String, Option<Value>>,
+    /// Rooms an answer listed as children of the room it was about.
+    children: HashMap<String, Value>,
+    /// Rooms an answer said this server may not see.
+    inaccessible: HashSet<String>,
+    requests: usize,
+}
+
+/// Requests to other servers one hierarchy page makes at most.
+const MAX_REMOTE_REQUESTS: usize = 20;
+/// Servers of a link's `via` tried for one room at most.
+const MAX_VIA_TRIED: usize = 3;
+
+impl Remote {
+    /// The room as another server lists it (with `children_state`), asked
+    /// of the link's servers in turn; remembered for the rest of the walk.
+    async fn ask(
+        &mut self,
+        state: &AppState,
+        room_id: &str,
+        via: &[String],
+        suggested_only: bool,
+    ) -> Option<Value> {
+        if let Some(answer) = self.asked.get(room_id) {
+            return answer.clone();
+        }
+        let mut answer = None;
+        let ours = state.settings.server_name.as_str();
+        for server in via.iter().filter(|s| s.as_str() != ours).take(MAX_VIA_TRIED) {
+            if self.requests >= MAX_REMOTE_REQUESTS {
+                break;
+            }
+            let (Ok(server), Ok(room)) = (ServerName::parse(server), RoomId::parse(room_id)) else {
+                continue;
+            };
+            self.requests += 1;
+            let mut request = get_hierarchy::v1::Request::new(room);
+            request.suggested_only = suggested_only;
+            let response = match crate::federation::send(state, &server, request).await {
+                Ok(response) if response.room.summary.room_id == room_id => response,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::info!(%server, room_id, error = %e, "another server's space hierarchy could not be read");
+                    continue;
+                }
+            };
+            let Ok(room) = serde_json::to_value(&response.room) else { continue };
+            // What it says of other rooms counts only for the children it links to.
+            let linked: HashSet<&str> = room["children_state"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["state_key"].as_str())
+                .collect();
+            for child in &response.children {
+                if let Ok(chunk) = serde_json::to_value(child)
+                    && let Some(id) = chunk["room_id"].as_str().filter(|id| linked.contains(id))
+                {
+                    self.children.entry(id.to_owned()).or_insert(chunk);
+                }
+            }
+            for id in &response.inaccessible_children {
+                if linked.contains(id.as_str()) {
+                    self.inaccessible.insert(id.to_string());
+                }
+            }
+            answer = Some(room);
+            break;
+        }
+        self.asked.insert(room_id.to_owned(), answer.clone());
+        answer
+    }
+}
+
+/// One room met on the walk: its chunk (made when listed) and its links.
+struct Node {
+    /// This server's room and its join rules; or another server's chunk.
+    source: Result<Value, Value>,
+    links: Vec<Link>,
+}
+
+/// The room `room_id` as `user` may see it, from this server or (a room it
+/// does not have) from the servers of the link that led here; `None` when
+/// the user may not see it or no server could tell.
+async fn node(
+    state: &AppState,
+    remote: &mut Remote,
+    user: &str,
+    room_id: &str,
+    via: &[String],
+    q: &Query<'_>,
+    walk_children: bool,
+) -> Result<Option<Node>> {
+    if rooms::get(&state.db, room_id).await?.is_some() {
+        let (may_see, join_rules) = visible(state, user, room_id).await?;
+        if !may_see {
+            return Ok(None);
+        }
+        let is_space = rooms::summary(&state.db, room_id)
+            .await?
+            .is_some_and(|s| s.room_type.as_deref() == Some("m.space"));
+        let links = if is_space { links(state, room_id, q.suggested_only).await? } else { Vec::new() };
+        return Ok(Some(Node { source: Err(join_rules), links }));
+    }
+    if remote.inaccessible.contains(room_id) {
+        return Ok(None);
+    }
+    // A room listed by its parent's server needs no question of its own
+    // unless it is a space whose children are walked.
+    let listed = remote.children.get(room_id).cloned();
+    let chunk = match listed {
+        Some(chunk) if !walk_children || chunk["room_type"] != "m.space" => {
+            let mut chunk = chunk;
+            chunk["children_state"] = json!([]);
+            chunk
+        }
+        _ => match remote.ask(state, room_id, via, q.suggested_only).await {
+            Some(chunk) => chunk,
+            None => return Ok(None),
+        },
+    };
+    if !visible_remote(state, user, &chunk).await? {
+        return Ok(None);
+    }
+    let links = if chunk["room_type"] == "m.space" {
+        let events = chunk["children_state"].as_array().cloned().unwrap_or_default();
+        ordered(events.iter().filter_map(link).collect(), q.suggested_only)
+    } else {
+        Vec::new()
+    };
+    Ok(Some(Node { source: Ok(chunk), links }))
+}
+
+/// A page of the space's hierarchy as `user` may see it. Rooms this server
+/// does not have are asked of the servers their link names
+/// (`/_matrix/federation/v1/hierarchy`), once per page.
 pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Value> {
     let max_depth = q.max_depth.unwrap_or(MAX_DEPTH).min(MAX_DEPTH);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
@@ -195,48 +414,97 @@ pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Val
         return Err(Error::Forbidden("You may not view this space".into()));
     }
 
-    // Depth first: a stack of (room, depth), children pushed in reverse.
-    let mut stack: Vec<(String, usize)> = vec![(root.to_owned(), 0)];
+    // Depth first: a stack of (room, depth, servers to ask), children pushed in reverse.
+    let mut stack: Vec<(String, usize, Vec<String>)> = vec![(root.to_owned(), 0, Vec::new())];
     let mut seen: HashSet<String> = HashSet::new();
+    let mut remote = Remote::default();
     let mut listed = 0usize;
     let mut page = Vec::new();
     let mut visits = 0usize;
-    while let Some((room_id, depth)) = stack.pop() {
+    while let Some((room_id, depth, via)) = stack.pop() {
         visits += 1;
         if visits > MAX_VISITS || page.len() >= limit {
-            stack.push((room_id, depth));
+            stack.push((room_id, depth, via));
             break;
         }
-        if !seen.insert(room_id.clone()) || rooms::get(&state.db, &room_id).await?.is_none() {
+        if !seen.insert(room_id.clone()) {
             continue;
         }
-        let (may_see, join_rules) = visible(state, user, &room_id).await?;
-        if !may_see {
+        let Some(node) = node(state, &mut remote, user, &room_id, &via, &q, depth < max_depth).await? else {
             continue;
-        }
-        let is_space = rooms::summary(&state.db, &room_id)
-            .await?
-            .is_some_and(|s| s.room_type.as_deref() == Some("m.space"));
-        let links = if is_space { links(state, &room_id).await? } else { Vec::new() };
-        let links: Vec<Link> = links.into_iter().filter(|l| !q.suggested_only || l.suggested).collect();
+        };
         if depth < max_depth {
-            for link in links.iter().rev() {
+            for link in node.links.iter().rev() {
                 if !seen.contains(&link.child) {
-                    stack.push((link.child.clone(), depth + 1));
+                    stack.push((link.child.clone(), depth + 1, link.via.clone()));
                 }
             }
         }
         if listed >= offset {
-            let children = links.into_iter().map(|l| l.stripped).collect();
-            page.push(room_chunk(state, &room_id, &join_rules, children).await?);
+            let children: Vec<Value> = node.links.into_iter().map(|l| l.stripped).collect();
+            page.push(match node.source {
+                Err(join_rules) => room_chunk(state, &room_id, &join_rules, children).await?,
+                Ok(mut chunk) => {
+                    chunk["children_state"] = Value::Array(children);
+                    chunk
+                }
+            });
         }
         listed += 1;
     }
     let mut body = json!({ "rooms": page });
     // More to list while the stack holds a room not listed yet.
-    if stack.iter().any(|(r, _)| !seen.contains(r)) {
+    if stack.iter().any(|(r, _, _)| !seen.contains(r)) {
         body["next_batch"] =
             json!(token(offset + body["rooms"].as_array().map_or(0, Vec::len), &q, max_depth));
     }
     Ok(body)
+}
+
+/// `/_matrix/federation/v1/hierarchy/{roomId}` for `server`: the room (404
+/// when this server does not have it or `server` may not see it) with its
+/// links, the linked rooms this server has that `server` may see, and those
+/// it may not.
+pub async fn for_server(
+    state: &AppState,
+    server: &ServerName,
+    room_id: &RoomId,
+    suggested_only: bool,
+) -> Result<get_hierarchy::v1::Response> {
+    let unknown = || Error::NotFound("Unknown room".into());
+    let room = room_id.as_str();
+    if rooms::get(&state.db, room).await?.is_none() {
+        return Err(unknown());
+    }
+    crate::federation::acl::check(state, room, server).await?;
+    let (may_see, join_rules) = visible_to_server(state, server, room).await?;
+    if !may_see {
+        return Err(unknown());
+    }
+    let links = links(state, room, suggested_only).await?;
+    let mut children = Vec::new();
+    let mut inaccessible = Vec::new();
+    for link in &links {
+        if rooms::get(&state.db, &link.child).await?.is_none() {
+            continue;
+        }
+        let (may_see, child_rules) = visible_to_server(state, server, &link.child).await?;
+        if may_see {
+            let mut chunk = room_chunk(state, &link.child, &child_rules, Vec::new()).await?;
+            if let Some(fields) = chunk.as_object_mut() {
+                fields.remove("children_state");
+            }
+            children.push(chunk);
+        } else {
+            inaccessible.push(link.child.clone());
+        }
+    }
+    let stripped: Vec<Value> = links.into_iter().map(|l| l.stripped).collect();
+    let chunk = room_chunk(state, room, &join_rules, stripped).await?;
+    let bad = |e: serde_json::Error| Error::Internal(format!("hierarchy chunk: {e}"));
+    let mut response = get_hierarchy::v1::Response::new(serde_json::from_value(chunk).map_err(bad)?);
+    response.children =
+        children.into_iter().map(serde_json::from_value).collect::<Result<_, _>>().map_err(bad)?;
+    response.inaccessible_children = inaccessible.iter().filter_map(|id| RoomId::parse(id).ok()).collect();
+    Ok(response)
 }

@@ -163,6 +163,7 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, rooms::event_auth);
     let router = route(router, rooms::backfill);
     let router = route(router, rooms::missing_events);
+    let router = route(router, rooms::hierarchy);
     router
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })

@@ -10,6 +10,7 @@ use ruma::api::federation::event::{get_event, get_missing_events, get_room_state
 use ruma::api::federation::membership::{
     create_invite, create_join_event, create_leave_event, prepare_join_event, prepare_leave_event,
 };
+use ruma::api::federation::space::get_hierarchy;
 use ruma::api::federation::transactions::send_transaction_message;
 use ruma::{EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedServerName, UInt};
 
@@ -232,4 +233,12 @@ pub(super) async fn public_rooms_filtered(
     response.prev_batch = prev;
     response.total_room_count_estimate = total;
     Ok(response)
+}
+
+pub(super) async fn hierarchy(
+    state: AppState,
+    req: Federation<get_hierarchy::v1::Request>,
+) -> Result<get_hierarchy::v1::Response> {
+    let origin = origin(&req)?;
+    crate::room::spaces::for_server(&state, origin, &req.body.room_id, req.body.suggested_only).await
 }
