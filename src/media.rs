@@ -188,6 +188,37 @@ async fn write_file(state: &AppState, id: &str, bytes: &[u8]) -> Result<bool> {
     Ok(placed)
 }
 
+/// Deletes the media whose time ran out by `now` (rows first, then files
+/// and thumbnails: a crash in between leaves a file no row names, never a
+/// row without its file); returns how many.
+pub async fn expire(state: &AppState, now: i64) -> Result<usize> {
+    let mut removed = 0;
+    loop {
+        let ids = media::expired(&state.db, now, 100).await?;
+        if ids.is_empty() {
+            return Ok(removed);
+        }
+        for id in ids {
+            media::delete(&state.db, &id).await?;
+            if valid_media_id(&id) {
+                let _ = tokio::fs::remove_file(file_path(state, &id)).await;
+                for &(w, h, method) in THUMBNAIL_SIZES {
+                    let _ = tokio::fs::remove_file(thumbnail_path(state, &id, w, h, method)).await;
+                }
+            }
+            removed += 1;
+        }
+    }
+}
+
+fn thumbnail_path(state: &AppState, id: &str, w: u32, h: u32, method: Method) -> PathBuf {
+    let tag = match method {
+        Method::Crop => "crop",
+        Method::Scale => "scale",
+    };
+    media_dir(state).join("thumbnails").join(format!("{id}-{w}x{h}-{tag}.png"))
+}
+
 /// What a response body is made of.
 #[derive(Debug)]
 pub enum Body {
@@ -286,12 +317,8 @@ pub async fn thumbnail(
     }
     let row = uploaded_row(state, server, id).await?;
     let (w, h) = thumbnail_size(width, height, method);
-    let tag = match method {
-        Method::Crop => "crop",
-        Method::Scale => "scale",
-    };
     let dir = media_dir(state).join("thumbnails");
-    let cache = dir.join(format!("{id}-{w}x{h}-{tag}.png"));
+    let cache = thumbnail_path(state, id, w, h, method);
     let png = |body| Content { body, content_type: Some("image/png".into()), filename: None };
     if let Ok(body) = open_file(&cache).await {
         return Ok(png(body));

@@ -65,6 +65,7 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         "seqline is listening on http://{local}"
     );
     let sweeper = tokio::spawn(expire_typing_every_second(state.clone()));
+    let media_sweeper = tokio::spawn(expire_media_hourly(state.clone()));
     let app = crate::api::router(state.clone());
     let timeout = state.settings.header_read_timeout;
     match federation {
@@ -78,6 +79,7 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         None => serve(listener, app, timeout, None).await,
     }
     sweeper.abort();
+    media_sweeper.abort();
     tracing::info!("shutting down: requests finished, closing the database");
     state.db.close().await;
     Ok(())
@@ -177,6 +179,20 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
+    }
+}
+
+/// Media with an expiry (URL previews' images) is deleted once it passed:
+/// at start-up, then every hour.
+async fn expire_media_hourly(state: AppState) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        match crate::media::expire(&state, crate::storage::now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "expired media deleted"),
+            Err(e) => tracing::warn!("media expiry failed: {e}"),
+        }
     }
 }
 

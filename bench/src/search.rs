@@ -12,7 +12,7 @@ use std::time::Instant;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::{Better, Config, Hs, Progress, Report, Res, V3, err, ms, pool, prefix, register_all};
+use super::{Better, Config, Hs, Progress, Report, Res, V3, ms, pool, prefix, register_all};
 
 const VOCABULARY: [&str; 24] = [
     "harbour", "lantern", "orchard", "meadow", "copper", "willow", "granite", "ember", "tundra", "saffron",
@@ -116,13 +116,19 @@ pub(super) async fn series(hs: &Hs, config: &Config, progress: &Progress, report
             // The tenth page of the same search through next_batch.
             if term == "note" {
                 let mut next = answer["next_batch"].as_str().map(str::to_owned);
+                let mut pages = 1;
                 for _ in 2..10 {
                     let Some(token) = next else { break };
                     next = search(hs, reader, &criteria, Some(&token)).await?["next_batch"]
                         .as_str()
                         .map(str::to_owned);
+                    pages += 1;
                 }
-                let Some(token) = next else { return err("no tenth page of \"note\"") };
+                // Synapse pages only `recent` searches (no next_batch for `rank`).
+                let Some(token) = next else {
+                    report.notes.push(format!("\"note\" ({order}): no next_batch after page {pages}"));
+                    continue;
+                };
                 let mut lat = Vec::with_capacity(samples);
                 for _ in 0..samples {
                     let t = Instant::now();

@@ -5,7 +5,8 @@
 //! image it names (or the URL itself, when it is an image) is fetched the
 //! same way and stored as this server's media, so clients load it from here.
 //!
-//! A preview is kept in `url_previews` for [`CACHE_MS`] and served to anyone
+//! The stored image expires after [`IMAGE_LIFETIME_MS`] (`media::expire`,
+//! hourly). A preview is kept in `url_previews` for [`CACHE_MS`] and served to anyone
 //! who asks for the same URL meanwhile; one fetch per URL runs at a time (the
 //! others wait for its result), at most [`MAX_FETCHES`] at once in all, and
 //! each user's fetches are rate limited (`rate_limits.url_preview_*`).
@@ -28,6 +29,9 @@ use crate::storage::{self, media as store};
 
 /// How long a preview is served again before the page is fetched anew.
 pub const CACHE_MS: i64 = 60 * 60 * 1000;
+/// How long the image a preview stored is kept (Synapse's two days): long
+/// after every cached preview naming it has expired.
+pub const IMAGE_LIFETIME_MS: i64 = 2 * 24 * 60 * 60 * 1000;
 /// Page (and image) fetches under way at once, over all users.
 pub const MAX_FETCHES: usize = 8;
 /// Redirects followed before giving up.
@@ -182,6 +186,7 @@ async fn store_image(state: &AppState, user: &str, image: Fetched) -> Result<Opt
     let media_type = image.media_type();
     let filename = image.url.path_segments().and_then(|mut s| s.next_back()).filter(|s| !s.is_empty());
     let id = crate::media::store(state, user, None, Some(&media_type), filename, &image.body).await?;
+    store::set_expiry(&state.db, &id, storage::now_ms() + IMAGE_LIFETIME_MS).await?;
     let mut details = Map::new();
     details.insert("og:image".into(), json!(format!("mxc://{}/{id}", state.settings.server_name)));
     details.insert("og:image:type".into(), json!(media_type));

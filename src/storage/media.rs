@@ -158,3 +158,30 @@ pub async fn cache_preview(db: &Db, url: &str, preview: &str, now: i64, expires:
     .await?;
     tx.commit().await
 }
+
+/// Makes the media go away at `expires` (see [`expired`]).
+pub async fn set_expiry(db: &Db, media_id: &str, expires: i64) -> Result<()> {
+    sqlx::query("UPDATE media SET expires_ts = $1 WHERE media_id = $2")
+        .bind(expires)
+        .bind(media_id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// Up to `limit` media ids whose time ran out by `now`.
+pub async fn expired(db: &Db, now: i64, limit: i64) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT media_id FROM media WHERE expires_ts IS NOT NULL AND expires_ts <= $1 ORDER BY expires_ts LIMIT $2",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Forgets a media row.
+pub async fn delete(db: &Db, media_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM media WHERE media_id = $1").bind(media_id).execute(&db.pool).await?;
+    Ok(())
+}

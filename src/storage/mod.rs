@@ -172,6 +172,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (26, "one_time_key_order", include_str!("../../migrations/sqlite/0026_one_time_key_order.sql")),
     (27, "erased_users", include_str!("../../migrations/sqlite/0027_erased_users.sql")),
     (28, "url_previews", include_str!("../../migrations/sqlite/0028_url_previews.sql")),
+    (29, "media_expiry", include_str!("../../migrations/sqlite/0029_media_expiry.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -202,6 +203,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (26, "one_time_key_order", include_str!("../../migrations/postgres/0026_one_time_key_order.sql")),
     (27, "erased_users", include_str!("../../migrations/postgres/0027_erased_users.sql")),
     (28, "url_previews", include_str!("../../migrations/postgres/0028_url_previews.sql")),
+    (29, "media_expiry", include_str!("../../migrations/postgres/0029_media_expiry.sql")),
 ];
 
 impl Db {
@@ -364,6 +366,8 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+#[cfg(test)]
+mod media_tests;
 #[cfg(test)]
 mod search_tests;
 #[cfg(test)]

@@ -30,7 +30,7 @@ use crate::state::AppState;
 
 const ORIGIN_SQL: &str = "4611686018427387904";
 
-async fn app_state(url: &str, data_dir: &Path, migrated_to: i64) -> AppState {
+pub(super) async fn app_state(url: &str, data_dir: &Path, migrated_to: i64) -> AppState {
     let mut config = Config {
         server_name: "sparse.test".into(),
         data_dir: data_dir.to_owned(),

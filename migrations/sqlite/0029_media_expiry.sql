@@ -1,0 +1,3 @@
+-- Media that goes away by itself (the images URL previews store): when.
+ALTER TABLE media ADD COLUMN expires_ts INTEGER;
+CREATE INDEX media_expiry ON media (expires_ts) WHERE expires_ts IS NOT NULL;
