@@ -291,17 +291,21 @@ pub async fn threads(db: &Db, q: ThreadQuery<'_>) -> Result<Vec<(String, i64)>> 
     let participant = match q.participant {
         Some(_) => format!(
             " AND (root.sender = ${p} OR EXISTS (SELECT 1 FROM event_relations p \
-               WHERE p.room_id = $1 AND p.relates_to_id = x.relates_to_id AND p.rel_type = 'm.thread' \
+               WHERE p.room_id = $1 AND p.relates_to_id = t.relates_to_id AND p.rel_type = 'm.thread' \
                AND p.sender = ${p}))",
             p = 3 + 4 * n
         ),
         None => String::new(),
     };
+    // Replies grouped by thread first (from the relations index alone),
+    // then each thread's root looked up once, not once per reply.
     let sql = format!(
-        "SELECT x.relates_to_id, MAX(x.seq) AS latest FROM event_relations x \
-         JOIN events root ON root.event_id = x.relates_to_id \
-         WHERE x.room_id = $1 AND x.rel_type = 'm.thread' AND root.room_id = $1 AND {} AND {}{participant} \
-         GROUP BY x.relates_to_id HAVING MAX(x.seq) <= $2 ORDER BY latest DESC LIMIT {}",
+        "SELECT t.relates_to_id, t.latest FROM ( \
+           SELECT x.relates_to_id, MAX(x.seq) AS latest FROM event_relations x \
+           WHERE x.room_id = $1 AND x.rel_type = 'm.thread' AND {} \
+           GROUP BY x.relates_to_id HAVING MAX(x.seq) <= $2 \
+         ) t JOIN events root ON root.event_id = t.relates_to_id \
+         WHERE root.room_id = $1 AND {}{participant} ORDER BY t.latest DESC LIMIT {}",
         spans_clause("x.seq", 3, n),
         spans_clause("root.seq", 3 + 2 * n, n),
         q.limit.max(0),
