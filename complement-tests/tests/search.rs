@@ -125,6 +125,7 @@ async fn finds_messages_names_and_topics_by_prefix(backend: Backend) {
     assert!(result["rank"].as_f64().is_some_and(|r| r > 0.0), "{result}");
     assert!(answer["highlights"].as_array().unwrap().contains(&json!("hello")), "{answer}");
     assert!(answer.get("next_batch").is_none(), "{answer}");
+    assert!(result.get("context").is_none(), "no event_context asked, none given: {result}");
 
     // A prefix of a word finds it; the highlight names the word found.
     let answer = search(&server, &alice, json!({ "search_term": "HEL" }), None).await;

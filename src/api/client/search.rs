@@ -30,6 +30,10 @@ async fn search_events(state: AppState, req: Ruma<Request>) -> Result<Value> {
     let request = domain_request(criteria, batch)?;
     let outcome = search::run(&state, &me.user_id, &request).await?;
     let ctx = &criteria.event_context;
+    // ruma fills in the spec's defaults (5 and 5) when the client sent no
+    // `event_context`; then there is no context to give (nor to work out).
+    let wants_context = serde_json::from_slice::<Value>(&req.raw_body)
+        .is_ok_and(|b| b["search_categories"]["room_events"].get("event_context").is_some());
     let before =
         usize::try_from(u64::from(ctx.before_limit)).unwrap_or(search::MAX_CONTEXT).min(search::MAX_CONTEXT);
     let after =
@@ -37,12 +41,15 @@ async fn search_events(state: AppState, req: Ruma<Request>) -> Result<Value> {
     let mut results = Vec::with_capacity(outcome.results.len());
     for found in &outcome.results {
         let Some(room) = outcome.rooms.get(found.loaded.stored.room_id.as_str()) else { continue };
-        let context = context_json(&state, me, room, found, (before, after), ctx.include_profile).await?;
-        results.push(json!({
+        let mut result = json!({
             "rank": found.rank,
             "result": read::format(&room.view, &found.loaded, me, &room.access.history),
-            "context": context,
-        }));
+        });
+        if wants_context {
+            result["context"] =
+                context_json(&state, me, room, found, (before, after), ctx.include_profile).await?;
+        }
+        results.push(result);
     }
     let mut body = json!({
         "count": outcome.count,
