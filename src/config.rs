@@ -152,6 +152,10 @@ pub struct MediaConfig {
     pub url_previews: bool,
     /// Bytes read of a previewed page or its image at most.
     pub url_preview_max_bytes: usize,
+    /// CIDR ranges previews may fetch from although they are internal; on
+    /// purpose not `outbound.ip_allow` (a push gateway on the LAN must not
+    /// open the LAN to every user's previews).
+    pub url_preview_ip_allow: Vec<String>,
 }
 
 impl Default for MediaConfig {
@@ -161,6 +165,7 @@ impl Default for MediaConfig {
             max_pending_uploads: 5,
             url_previews: true,
             url_preview_max_bytes: 10 * 1024 * 1024,
+            url_preview_ip_allow: Vec::new(),
         }
     }
 }
@@ -479,6 +484,8 @@ pub struct Settings {
     pub media: MediaConfig,
     /// Ranges outbound requests may reach despite the default refusals.
     pub outbound_ip_allow: Vec<ipnet::IpNet>,
+    /// `media.url_preview_ip_allow`, parsed.
+    pub url_preview_ip_allow: Vec<ipnet::IpNet>,
     /// The federation listener, when federation is on.
     pub federation: Option<FederationListener>,
     /// Whether outbound federation requests check the peer's certificate.
@@ -586,6 +593,10 @@ impl Config {
         if let Some(v) = env("SEQLINE_TURN_URIS") {
             self.voip.turn_uris =
                 v.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+        }
+        if let Some(v) = env("SEQLINE_URL_PREVIEW_IP_ALLOW") {
+            self.media.url_preview_ip_allow =
+                v.split(',').map(str::trim).filter(|r| !r.is_empty()).map(String::from).collect();
         }
         if let Some(v) = env("SEQLINE_OUTBOUND_IP_ALLOW") {
             self.outbound.ip_allow =
@@ -754,17 +765,18 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             return Err(ConfigError(format!("log: {:?} is not a valid filter ({e})", self.log)));
         }
-        let outbound_ip_allow = self
-            .outbound
-            .ip_allow
-            .iter()
-            .map(|r| {
-                // A bare address is the range of that one address.
-                parse_ip_range(r).ok_or_else(|| {
-                    ConfigError(format!("outbound.ip_allow: {r:?} is not a CIDR range such as 127.0.0.0/8"))
+        let ranges = |field: &str, list: &[String]| {
+            list.iter()
+                .map(|r| {
+                    // A bare address is the range of that one address.
+                    parse_ip_range(r).ok_or_else(|| {
+                        ConfigError(format!("{field}: {r:?} is not a CIDR range such as 127.0.0.0/8"))
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let outbound_ip_allow = ranges("outbound.ip_allow", &self.outbound.ip_allow)?;
+        let url_preview_ip_allow = ranges("media.url_preview_ip_allow", &self.media.url_preview_ip_allow)?;
         let federation = self.federation_listener()?;
         let public_baseurl = if self.public_baseurl.is_empty() {
             None
@@ -803,6 +815,7 @@ impl Config {
             voip: self.voip,
             media: self.media,
             outbound_ip_allow,
+            url_preview_ip_allow,
             federation,
             federation_verify_tls: self.federation.verify_tls,
         })

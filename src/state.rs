@@ -57,6 +57,8 @@ pub struct Services {
     pub thumbnailing: tokio::sync::Semaphore,
     /// URL previews being made.
     pub previews: crate::preview::Previews,
+    /// Other servers' answers about their spaces' rooms, kept a while.
+    pub hierarchy_cache: crate::room::spaces::RemoteCache,
     /// Servers whose keys could not be fetched lately, not asked again yet.
     pub key_fetch_backoff: crate::federation::keys::FetchBackoff,
     /// The tasks sending our events to other servers.
@@ -82,6 +84,7 @@ impl AppState {
         outbound: crate::outbound::Outbound,
     ) -> Self {
         let rate_limiter = RateLimiter::new(settings.rate_limits.clone());
+        let previews = crate::preview::Previews::new(settings.url_preview_ip_allow.clone());
         Self(Arc::new(Services {
             settings,
             db,
@@ -104,7 +107,8 @@ impl AppState {
             thumbnailing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             ),
-            previews: crate::preview::Previews::default(),
+            previews,
+            hierarchy_cache: crate::room::spaces::RemoteCache::default(),
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
             federation_sender: crate::federation::sender::Sender::default(),
             backfills: crate::federation::backfill::Backfills::default(),

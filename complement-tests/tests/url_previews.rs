@@ -1,7 +1,7 @@
 //! URL previews (`/_matrix/client/v1/media/preview_url` and the legacy
 //! `/_matrix/media/v3/preview_url`) against a small web server of the test's
-//! own on loopback (allowed by `SEQLINE_OUTBOUND_IP_ALLOW` where a test
-//! needs it): Open Graph tags, the image stored as media, images previewed
+//! own on loopback (allowed by `SEQLINE_URL_PREVIEW_IP_ALLOW` where a test
+//! needs it; `SEQLINE_OUTBOUND_IP_ALLOW` does not open it to previews): Open Graph tags, the image stored as media, images previewed
 //! directly, redirects, the cache, and every refusal (internal addresses,
 //! also behind a redirect; bad parameters; oversized and failing pages;
 //! previews switched off; the per-user rate limit).
@@ -108,7 +108,7 @@ impl Web {
 }
 
 fn loopback_allowed() -> Options {
-    Options::default().env("SEQLINE_OUTBOUND_IP_ALLOW", "127.0.0.0/8")
+    Options::default().env("SEQLINE_URL_PREVIEW_IP_ALLOW", "127.0.0.0/8")
 }
 
 const ROCK: &str = r#"<html prefix="og: http://ogp.me/ns#"><head><title>The Rock (1996)</title>
@@ -236,6 +236,16 @@ async fn internal_addresses_are_refused_also_behind_redirects(backend: Backend) 
     assert_eq!(status, 502, "a name resolving to refused addresses only: {body}");
     assert_eq!(body["errcode"], "M_UNKNOWN");
     assert_eq!(web.hits("/page.html"), 0, "no connection was made");
+
+    // Loopback allowed for push gateways and federation is still refused to
+    // previews: any user could otherwise reach what the operator opened.
+    let server =
+        Server::start_with(&backend, Options::default().env("SEQLINE_OUTBOUND_IP_ALLOW", "127.0.0.0/8"))
+            .await;
+    let alice = server.register("alice", "pw").await;
+    let (status, body) = preview(&server, Some(&alice.token), &url_query(&web.url("/page.html"))).await;
+    assert_eq!(status, 403, "outbound.ip_allow does not open loopback to previews: {body}");
+    assert_eq!(web.hits("/page.html"), 0);
 
     // Loopback allowed, yet a redirect to another internal range is refused.
     let server = Server::start_with(&backend, loopback_allowed()).await;

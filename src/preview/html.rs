@@ -141,9 +141,9 @@ pub fn open_graph(html: &str, base: &reqwest::Url) -> Map<String, Value> {
                         let Some(src) = attr(b"src") else { continue };
                         let px = |k: &[u8]| attr(k).and_then(|v| v.parse::<u64>().ok()).filter(|&n| n > 10);
                         if let (Some(w), Some(h)) = (px(b"width"), px(b"height"))
-                            && largest_image.as_ref().is_none_or(|(_, area)| w * h > *area)
+                            && largest_image.as_ref().is_none_or(|(_, area)| w.saturating_mul(h) > *area)
                         {
-                            largest_image = Some((src.clone(), w * h));
+                            largest_image = Some((src.clone(), w.saturating_mul(h)));
                         }
                         first_image.get_or_insert(src);
                     }

@@ -22,7 +22,7 @@ use reqwest::header::{ACCEPT, ACCEPT_LANGUAGE, CONTENT_TYPE, LOCATION};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
-use crate::outbound::{OutboundError, read_capped};
+use crate::outbound::{Outbound, OutboundError, read_capped};
 use crate::ratelimit::Action;
 use crate::state::AppState;
 use crate::storage::{self, media as store};
@@ -44,29 +44,45 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(20);
 /// What is shared between preview requests.
 #[derive(Debug)]
 pub struct Previews {
+    /// The outbound client previews fetch with: the same refusals as every
+    /// outbound request, exempting only `media.url_preview_ip_allow` (not
+    /// `outbound.ip_allow`). `Err` when it could not be built.
+    client: Result<Outbound, String>,
     /// One lock per URL being previewed now.
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     slots: tokio::sync::Semaphore,
 }
 
-impl Default for Previews {
-    fn default() -> Self {
-        Self { in_flight: Mutex::default(), slots: tokio::sync::Semaphore::new(MAX_FETCHES) }
+impl Previews {
+    /// Previews fetching under the default refusals less `allow`.
+    pub fn new(allow: Vec<ipnet::IpNet>) -> Self {
+        Self {
+            client: Outbound::new(allow).map_err(|e| e.to_string()),
+            in_flight: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(MAX_FETCHES),
+        }
+    }
+
+    fn lock_for<'a>(&'a self, url: &'a str) -> InFlight<'a> {
+        let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        InFlight { previews: self, url, lock: map.entry(url.to_owned()).or_default().clone() }
     }
 }
 
-impl Previews {
-    fn lock_for(&self, url: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.entry(url.to_owned()).or_default().clone()
-    }
+/// A URL's place in the in-flight map, given up when dropped (also when the
+/// request is abandoned half way: the client went away).
+struct InFlight<'a> {
+    previews: &'a Previews,
+    url: &'a str,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
 
-    /// Drops the URL's lock from the map when no one else holds it.
-    fn release(&self, url: &str, lock: Arc<tokio::sync::Mutex<()>>) {
-        let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // The map's reference and this one.
-        if Arc::strong_count(&lock) <= 2 {
-            map.remove(url);
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut map = self.previews.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The map's reference and this one: no one else waits for the URL.
+        if Arc::strong_count(&self.lock) <= 2 {
+            map.remove(self.url);
         }
     }
 }
@@ -81,28 +97,17 @@ pub async fn preview(state: &AppState, user: &str, url: &str) -> Result<Map<Stri
         return Ok(cached);
     }
     state.rate_limiter.check(Action::UrlPreview, user)?;
-    let lock = state.previews.lock_for(url);
-    let made = async {
-        let _turn = lock.lock().await;
-        // Another request may have made it while this one waited.
-        if let Some(cached) = cached(state, url).await? {
-            return Ok(cached);
-        }
-        let preview = make(state, user, parsed).await?;
-        let now = storage::now_ms();
-        store::cache_preview(
-            &state.db,
-            url,
-            &Value::Object(preview.clone()).to_string(),
-            now,
-            now + CACHE_MS,
-        )
-        .await?;
-        Ok(preview)
+    let in_flight = state.previews.lock_for(url);
+    let _turn = in_flight.lock.lock().await;
+    // Another request may have made it while this one waited.
+    if let Some(cached) = cached(state, url).await? {
+        return Ok(cached);
     }
-    .await;
-    state.previews.release(url, lock);
-    made
+    let preview = make(state, user, parsed).await?;
+    let now = storage::now_ms();
+    store::cache_preview(&state.db, url, &Value::Object(preview.clone()).to_string(), now, now + CACHE_MS)
+        .await?;
+    Ok(preview)
 }
 
 /// `url` as an http(s) URL with a host: 400 M_INVALID_PARAM otherwise.
@@ -163,7 +168,11 @@ async fn make(state: &AppState, user: &str, url: Url) -> Result<Map<String, Valu
                 None
             }
         };
-        for key in ["og:image:width", "og:image:height", "og:image:type"] {
+        // Nothing may send clients to the image's own host (their address
+        // would go with it): the stored copy stands for all of these.
+        for key in
+            ["og:image:width", "og:image:height", "og:image:type", "og:image:url", "og:image:secure_url"]
+        {
             og.remove(key);
         }
         match stored {
@@ -231,9 +240,10 @@ async fn fetch(state: &AppState, url: Url) -> Result<Fetched> {
 }
 
 async fn fetch_following(state: &AppState, mut url: Url, max: usize) -> Result<Fetched> {
+    let client =
+        state.previews.client.as_ref().map_err(|e| Error::Internal(format!("preview client: {e}")))?;
     for _ in 0..=MAX_REDIRECTS {
-        let response = state
-            .outbound
+        let response = client
             .request(reqwest::Method::GET, url.as_str())
             .map_err(outbound_error)?
             .header(ACCEPT, "text/html,application/xhtml+xml;q=0.9,image/*;q=0.8,*/*;q=0.5")
@@ -277,9 +287,14 @@ fn outbound_error(e: OutboundError) -> Error {
         OutboundError::BadUrl(url) => Error::RemoteUnavailable(format!("{url}: not an http(s) URL")),
         OutboundError::TooLarge(max) => Error::RemoteTooLarge(format!("The page is larger than {max} bytes")),
         OutboundError::Http(e) if e.is_timeout() => {
-            Error::RemoteTimeout(format!("The page took too long: {e}"))
+            Error::RemoteTimeout("The page took too long to answer".into())
         }
-        other => Error::RemoteUnavailable(format!("The page could not be fetched: {other}")),
+        other => {
+            // The cause stays in the log: its wording (a name that resolves
+            // to a refused address, or not at all) would map the network.
+            tracing::info!(error = %other, "a page to preview could not be fetched");
+            Error::RemoteUnavailable("The page could not be fetched".into())
+        }
     }
 }
 

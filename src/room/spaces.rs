@@ -244,6 +244,11 @@ async fn room_chunk(
             json!({ "room_id": room_id, "num_joined_members": 0, "world_readable": false, "guest_can_join": false })
         }
     };
+    // Always said, from the rules event (a listed room without one would
+    // read as public elsewhere, while this server treats it as invite-only).
+    if chunk.get("join_rule").is_none() {
+        chunk["join_rule"] = json!(join_rules["content"]["join_rule"].as_str().unwrap_or("invite"));
+    }
     chunk["children_state"] = Value::Array(children);
     if let Some(room) = rooms::get(&state.db, room_id).await? {
         chunk["room_version"] = json!(room.room_version);
@@ -260,8 +265,49 @@ async fn room_chunk(
     Ok(chunk)
 }
 
-/// What this request learned from other servers about rooms this server
-/// does not have.
+/// What another server said of one of its rooms: the room (with
+/// `children_state`), or nothing when no server answered; and what it said
+/// of the rooms that room links to.
+#[derive(Debug, Clone, Default)]
+struct Answer {
+    room: Option<Value>,
+    children: Vec<(String, Value)>,
+    inaccessible: Vec<String>,
+}
+
+/// Other servers' answers, kept a while for every walk (pages of one walk
+/// re-walk from the space, so they must not ask again).
+#[derive(Debug, Default)]
+pub struct RemoteCache {
+    answers: std::sync::Mutex<HashMap<(String, bool), (std::time::Instant, Answer)>>,
+}
+
+/// How long an answer is used again.
+const REMOTE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+/// Answers kept at most.
+const REMOTE_CACHE_MAX: usize = 10_000;
+
+impl RemoteCache {
+    fn get(&self, room_id: &str, suggested_only: bool) -> Option<Answer> {
+        let answers = self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (at, answer) = answers.get(&(room_id.to_owned(), suggested_only))?;
+        (at.elapsed() < REMOTE_CACHE_TTL).then(|| answer.clone())
+    }
+
+    fn put(&self, room_id: &str, suggested_only: bool, answer: Answer) {
+        let mut answers = self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if answers.len() >= REMOTE_CACHE_MAX {
+            answers.retain(|_, (at, _)| at.elapsed() < REMOTE_CACHE_TTL);
+            if answers.len() >= REMOTE_CACHE_MAX {
+                answers.clear();
+            }
+        }
+        answers.insert((room_id.to_owned(), suggested_only), (std::time::Instant::now(), answer));
+    }
+}
+
+/// What this walk learned from other servers about rooms this server does
+/// not have.
 #[derive(Default)]
 struct Remote {
     /// Each room asked about: its chunk with `children_state`, or `None`
@@ -274,30 +320,45 @@ struct Remote {
     requests: usize,
 }
 
-/// Requests to other servers one hierarchy page makes at most.
+/// Requests to other servers one hierarchy page makes at most (a page that
+/// needs more ends early; the next one finds these answers cached).
 const MAX_REMOTE_REQUESTS: usize = 20;
 /// Servers of a link's `via` tried for one room at most.
 const MAX_VIA_TRIED: usize = 3;
 
 impl Remote {
-    /// The room as another server lists it (with `children_state`), asked
-    /// of the link's servers in turn; remembered for the rest of the walk.
+    fn absorb(&mut self, room_id: &str, answer: Answer) -> Option<Value> {
+        for (id, chunk) in answer.children {
+            self.children.entry(id).or_insert(chunk);
+        }
+        self.inaccessible.extend(answer.inaccessible);
+        self.asked.insert(room_id.to_owned(), answer.room.clone());
+        answer.room
+    }
+
+    /// The room as another server lists it (with `children_state`): from
+    /// this walk, the cache, or asked of the link's servers in turn.
+    /// `Err(())` when this page has asked all it may.
     async fn ask(
         &mut self,
         state: &AppState,
         room_id: &str,
         via: &[String],
         suggested_only: bool,
-    ) -> Option<Value> {
+    ) -> Result<Option<Value>, ()> {
         if let Some(answer) = self.asked.get(room_id) {
-            return answer.clone();
+            return Ok(answer.clone());
         }
-        let mut answer = None;
+        if let Some(answer) = state.hierarchy_cache.get(room_id, suggested_only) {
+            return Ok(self.absorb(room_id, answer));
+        }
         let ours = state.settings.server_name.as_str();
-        for server in via.iter().filter(|s| s.as_str() != ours).take(MAX_VIA_TRIED) {
-            if self.requests >= MAX_REMOTE_REQUESTS {
-                break;
-            }
+        let servers: Vec<&String> = via.iter().filter(|s| s.as_str() != ours).take(MAX_VIA_TRIED).collect();
+        if !servers.is_empty() && self.requests >= MAX_REMOTE_REQUESTS {
+            return Err(());
+        }
+        let mut answer = Answer::default();
+        for server in servers {
             let (Ok(server), Ok(room)) = (ServerName::parse(server), RoomId::parse(room_id)) else {
                 continue;
             };
@@ -324,19 +385,20 @@ impl Remote {
                 if let Ok(chunk) = serde_json::to_value(child)
                     && let Some(id) = chunk["room_id"].as_str().filter(|id| linked.contains(id))
                 {
-                    self.children.entry(id.to_owned()).or_insert(chunk);
+                    answer.children.push((id.to_owned(), chunk.clone()));
                 }
             }
-            for id in &response.inaccessible_children {
-                if linked.contains(id.as_str()) {
-                    self.inaccessible.insert(id.to_string());
-                }
-            }
-            answer = Some(room);
+            answer.inaccessible = response
+                .inaccessible_children
+                .iter()
+                .map(ToString::to_string)
+                .filter(|id| linked.contains(id.as_str()))
+                .collect();
+            answer.room = Some(room);
             break;
         }
-        self.asked.insert(room_id.to_owned(), answer.clone());
-        answer
+        state.hierarchy_cache.put(room_id, suggested_only, answer.clone());
+        Ok(self.absorb(room_id, answer))
     }
 }
 
@@ -347,9 +409,18 @@ struct Node {
     links: Vec<Link>,
 }
 
+/// What the walk does with a room.
+enum Step {
+    /// List it (and walk its links).
+    Node(Node),
+    /// Leave it out: the user may not see it, or no server could tell.
+    Skip,
+    /// End the page here: it asked other servers all it may.
+    Stop,
+}
+
 /// The room `room_id` as `user` may see it, from this server or (a room it
-/// does not have) from the servers of the link that led here; `None` when
-/// the user may not see it or no server could tell.
+/// does not have) from the servers of the link that led here.
 async fn node(
     state: &AppState,
     remote: &mut Remote,
@@ -358,20 +429,20 @@ async fn node(
     via: &[String],
     q: &Query<'_>,
     walk_children: bool,
-) -> Result<Option<Node>> {
+) -> Result<Step> {
     if rooms::get(&state.db, room_id).await?.is_some() {
         let (may_see, join_rules) = visible(state, user, room_id).await?;
         if !may_see {
-            return Ok(None);
+            return Ok(Step::Skip);
         }
         let is_space = rooms::summary(&state.db, room_id)
             .await?
             .is_some_and(|s| s.room_type.as_deref() == Some("m.space"));
         let links = if is_space { links(state, room_id, q.suggested_only).await? } else { Vec::new() };
-        return Ok(Some(Node { source: Err(join_rules), links }));
+        return Ok(Step::Node(Node { source: Err(join_rules), links }));
     }
     if remote.inaccessible.contains(room_id) {
-        return Ok(None);
+        return Ok(Step::Skip);
     }
     // A room listed by its parent's server needs no question of its own
     // unless it is a space whose children are walked.
@@ -383,12 +454,13 @@ async fn node(
             chunk
         }
         _ => match remote.ask(state, room_id, via, q.suggested_only).await {
-            Some(chunk) => chunk,
-            None => return Ok(None),
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => return Ok(Step::Skip),
+            Err(()) => return Ok(Step::Stop),
         },
     };
     if !visible_remote(state, user, &chunk).await? {
-        return Ok(None);
+        return Ok(Step::Skip);
     }
     let links = if chunk["room_type"] == "m.space" {
         let events = chunk["children_state"].as_array().cloned().unwrap_or_default();
@@ -396,12 +468,13 @@ async fn node(
     } else {
         Vec::new()
     };
-    Ok(Some(Node { source: Ok(chunk), links }))
+    Ok(Step::Node(Node { source: Ok(chunk), links }))
 }
 
 /// A page of the space's hierarchy as `user` may see it. Rooms this server
 /// does not have are asked of the servers their link names
-/// (`/_matrix/federation/v1/hierarchy`), once per page.
+/// (`/_matrix/federation/v1/hierarchy`), at most [`MAX_REMOTE_REQUESTS`] a
+/// page; their answers are kept a while ([`RemoteCache`]) for the pages after.
 pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Value> {
     let max_depth = q.max_depth.unwrap_or(MAX_DEPTH).min(MAX_DEPTH);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
@@ -427,12 +500,21 @@ pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Val
             stack.push((room_id, depth, via));
             break;
         }
-        if !seen.insert(room_id.clone()) {
+        if seen.contains(&room_id) {
             continue;
         }
-        let Some(node) = node(state, &mut remote, user, &room_id, &via, &q, depth < max_depth).await? else {
-            continue;
+        let node = match node(state, &mut remote, user, &room_id, &via, &q, depth < max_depth).await? {
+            Step::Node(node) => node,
+            Step::Skip => {
+                seen.insert(room_id);
+                continue;
+            }
+            Step::Stop => {
+                stack.push((room_id, depth, via));
+                break;
+            }
         };
+        seen.insert(room_id.clone());
         if depth < max_depth {
             for link in node.links.iter().rev() {
                 if !seen.contains(&link.child) {
@@ -459,6 +541,30 @@ pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Val
             json!(token(offset + body["rooms"].as_array().map_or(0, Vec::len), &q, max_depth));
     }
     Ok(body)
+}
+
+/// A chunk as ruma's summary types take it. What a room's state may hold
+/// that they refuse (it came from other servers' events unchecked) is
+/// dropped first: an alias that is none, allowed room ids that are none, a
+/// join rule of a room's own making (read as `invite`).
+fn as_summary<T: serde::de::DeserializeOwned>(mut chunk: Value) -> Option<T> {
+    const KNOWN: [&str; 6] = ["public", "knock", "invite", "private", "restricted", "knock_restricted"];
+    if chunk["canonical_alias"].as_str().is_some_and(|a| ruma::RoomAliasId::parse(a).is_err()) {
+        chunk.as_object_mut()?.remove("canonical_alias");
+    }
+    if let Some(ids) = chunk.get_mut("allowed_room_ids").and_then(Value::as_array_mut) {
+        ids.retain(|id| id.as_str().is_some_and(|id| RoomId::parse(id).is_ok()));
+    }
+    if !chunk["join_rule"].as_str().is_some_and(|r| KNOWN.contains(&r)) {
+        chunk["join_rule"] = json!("invite");
+    }
+    match serde_json::from_value(chunk) {
+        Ok(summary) => Some(summary),
+        Err(e) => {
+            tracing::warn!(error = %e, "a room summary does not fit the federation answer");
+            None
+        }
+    }
 }
 
 /// `/_matrix/federation/v1/hierarchy/{roomId}` for `server`: the room (404
@@ -501,10 +607,11 @@ pub async fn for_server(
     }
     let stripped: Vec<Value> = links.into_iter().map(|l| l.stripped).collect();
     let chunk = room_chunk(state, room, &join_rules, stripped).await?;
-    let bad = |e: serde_json::Error| Error::Internal(format!("hierarchy chunk: {e}"));
-    let mut response = get_hierarchy::v1::Response::new(serde_json::from_value(chunk).map_err(bad)?);
-    response.children =
-        children.into_iter().map(serde_json::from_value).collect::<Result<_, _>>().map_err(bad)?;
+    let root =
+        as_summary(chunk).ok_or_else(|| Error::Internal("the room's summary does not serialise".into()))?;
+    let mut response = get_hierarchy::v1::Response::new(root);
+    // A child whose summary still does not fit is left out, not the answer.
+    response.children = children.into_iter().filter_map(as_summary).collect();
     response.inaccessible_children = inaccessible.iter().filter_map(|id| RoomId::parse(id).ok()).collect();
     Ok(response)
 }
