@@ -134,16 +134,36 @@ pub async fn store(
             }
             Ok(id.to_owned())
         }
-        None => {
-            let id = new_media_id();
-            if !write_file(state, &id, bytes).await? {
-                return Err(Error::Internal("a new media id is taken".into()));
-            }
-            media::insert_uploaded(&state.db, &id, uploader, storage::now_ms(), content_type, filename, size)
-                .await?;
-            Ok(id)
-        }
+        None => store_new(state, uploader, content_type, filename, bytes, None).await,
     }
+}
+
+/// Stores bytes under a new id (synced before the row), going away by
+/// itself at `expires` when given (see [`expire`]).
+pub async fn store_new(
+    state: &AppState,
+    uploader: &str,
+    content_type: Option<&str>,
+    filename: Option<&str>,
+    bytes: &[u8],
+    expires: Option<i64>,
+) -> Result<String> {
+    let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+    let id = new_media_id();
+    if !write_file(state, &id, bytes).await? {
+        return Err(Error::Internal("a new media id is taken".into()));
+    }
+    let row = media::NewMedia {
+        media_id: &id,
+        uploader,
+        now: storage::now_ms(),
+        content_type,
+        filename,
+        size,
+        expires_ts: expires,
+    };
+    media::insert_uploaded(&state.db, row).await?;
+    Ok(id)
 }
 
 fn io_error(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {

@@ -194,8 +194,10 @@ async fn store_image(state: &AppState, user: &str, image: Fetched) -> Result<Opt
     }
     let media_type = image.media_type();
     let filename = image.url.path_segments().and_then(|mut s| s.next_back()).filter(|s| !s.is_empty());
-    let id = crate::media::store(state, user, None, Some(&media_type), filename, &image.body).await?;
-    store::set_expiry(&state.db, &id, storage::now_ms() + IMAGE_LIFETIME_MS).await?;
+    // The expiry is in the row from the start: no crash leaves it for good.
+    let expires = storage::now_ms() + IMAGE_LIFETIME_MS;
+    let id =
+        crate::media::store_new(state, user, Some(&media_type), filename, &image.body, Some(expires)).await?;
     let mut details = Map::new();
     details.insert("og:image".into(), json!(format!("mxc://{}/{id}", state.settings.server_name)));
     details.insert("og:image:type".into(), json!(media_type));

@@ -66,28 +66,40 @@ pub async fn oldest_pending(db: &Db, uploader: &str, since: i64) -> Result<Optio
 }
 
 /// Records media whose content is stored already (a direct upload).
-pub async fn insert_uploaded(
-    db: &Db,
-    media_id: &str,
-    uploader: &str,
-    now: i64,
-    content_type: Option<&str>,
-    filename: Option<&str>,
-    size: i64,
-) -> Result<()> {
+pub async fn insert_uploaded(db: &Db, m: NewMedia<'_>) -> Result<()> {
     sqlx::query(
-        "INSERT INTO media (media_id, uploader, content_type, filename, size, created_ts, uploaded) \
-         VALUES ($1, $2, $3, $4, $5, $6, 1)",
+        "INSERT INTO media (media_id, uploader, content_type, filename, size, created_ts, uploaded, expires_ts) \
+         VALUES ($1, $2, $3, $4, $5, $6, 1, $7)",
     )
-    .bind(media_id)
-    .bind(uploader)
-    .bind(content_type)
-    .bind(filename)
-    .bind(size)
-    .bind(now)
+    .bind(m.media_id)
+    .bind(m.uploader)
+    .bind(m.content_type)
+    .bind(m.filename)
+    .bind(m.size)
+    .bind(m.now)
+    .bind(m.expires_ts)
     .execute(&db.pool)
     .await?;
     Ok(())
+}
+
+/// A media row whose content is stored already.
+#[derive(Debug, Clone, Copy)]
+pub struct NewMedia<'a> {
+    /// Its id.
+    pub media_id: &'a str,
+    /// Who uploaded it (or for whom a preview stored it).
+    pub uploader: &'a str,
+    /// When.
+    pub now: i64,
+    /// Declared content type.
+    pub content_type: Option<&'a str>,
+    /// Declared file name.
+    pub filename: Option<&'a str>,
+    /// Bytes.
+    pub size: i64,
+    /// When it goes away by itself (see [`expired`]), if ever.
+    pub expires_ts: Option<i64>,
 }
 
 /// Marks the content stored.
@@ -157,16 +169,6 @@ pub async fn cache_preview(db: &Db, url: &str, preview: &str, now: i64, expires:
     .execute(tx.conn())
     .await?;
     tx.commit().await
-}
-
-/// Makes the media go away at `expires` (see [`expired`]).
-pub async fn set_expiry(db: &Db, media_id: &str, expires: i64) -> Result<()> {
-    sqlx::query("UPDATE media SET expires_ts = $1 WHERE media_id = $2")
-        .bind(expires)
-        .bind(media_id)
-        .execute(&db.pool)
-        .await?;
-    Ok(())
 }
 
 /// Up to `limit` media ids whose time ran out by `now`.

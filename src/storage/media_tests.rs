@@ -23,14 +23,11 @@ async fn expired_media_is_deleted_with_its_files() {
         let server = state.settings.server_name.to_string();
         let image = png(200, 100);
         let mut ids = Vec::new();
-        for _ in 0..3 {
-            ids.push(
-                media::store(&state, "@a:sparse.test", None, Some("image/png"), None, &image).await.unwrap(),
-            );
+        for expires in [Some(1_000), Some(5_000), None] {
+            let stored = media::store_new(&state, "@a:sparse.test", Some("image/png"), None, &image, expires);
+            ids.push(stored.await.unwrap());
         }
         let (due, later, kept) = (&ids[0], &ids[1], &ids[2]);
-        super::media::set_expiry(&state.db, due, 1_000).await.unwrap();
-        super::media::set_expiry(&state.db, later, 5_000).await.unwrap();
         // A thumbnail of the one due, cached beside it.
         media::thumbnail(&state, &server, due, 32, 32, Method::Crop).await.unwrap();
         let files = |id: &str| walk(&data_dir.join("media")).into_iter().filter(|p| p.contains(id)).count();
