@@ -175,9 +175,10 @@ async fn open_graph_and_image_are_previewed_and_cached(backend: Backend) {
     assert_eq!(download(&server, &alice.token, &mxc).await, image, "the stored image is the page's");
     assert_eq!((web.hits("/films/test.html"), web.hits("/films/test.png")), (1, 1));
 
-    // Again, by another user and on the legacy path: the cached preview, no fetch.
+    // Again, by another user and on the legacy path, with a fragment the
+    // page's server never sees: the cached preview, no fetch.
     let bob = server.register("bob", "pw").await;
-    let legacy = format!("/_matrix/media/v3/preview_url?{}", url_query(&web.url("/films/test.html")));
+    let legacy = format!("/_matrix/media/v3/preview_url?{}", url_query(&web.url("/films/test.html#cast")));
     let (status, again) = server.get(&legacy, Some(&bob.token)).await;
     assert_eq!((status, &again), (200, &og));
     assert_eq!((web.hits("/films/test.html"), web.hits("/films/test.png")), (1, 1));

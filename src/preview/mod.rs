@@ -92,7 +92,11 @@ pub async fn preview(state: &AppState, user: &str, url: &str) -> Result<Map<Stri
     if !state.settings.media.url_previews {
         return Err(Error::Unrecognized);
     }
-    let parsed = parse_url(url)?;
+    let mut parsed = parse_url(url)?;
+    // The fragment never reaches the page's server: one preview for all of them.
+    parsed.set_fragment(None);
+    let key = parsed.as_str().to_owned();
+    let url = key.as_str();
     if let Some(cached) = cached(state, url).await? {
         return Ok(cached);
     }
