@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use complement_tests::api::assert_error;
+use complement_tests::api::{assert_error, eventually};
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Options, Server};
 use serde_json::Value;
@@ -22,6 +22,7 @@ backend_tests!(
     bad_requests_and_failing_pages_get_matrix_errors,
     previews_can_be_switched_off,
     fetches_are_rate_limited_per_user_but_cached_answers_are_not,
+    one_user_has_at_most_two_previews_under_way,
 );
 
 fn png(width: u32, height: u32) -> Vec<u8> {
@@ -31,21 +32,33 @@ fn png(width: u32, height: u32) -> Vec<u8> {
     out.into_inner()
 }
 
-/// One canned answer: status, extra headers, body.
+/// One canned answer: status, extra headers, body; `held` ones wait for
+/// [`Web::release`] before answering.
 #[derive(Clone)]
 struct Page {
     status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+    held: bool,
 }
 
 impl Page {
     fn ok(content_type: &str, body: impl Into<Vec<u8>>) -> Self {
-        Self { status: 200, headers: vec![("Content-Type".into(), content_type.into())], body: body.into() }
+        Self {
+            status: 200,
+            headers: vec![("Content-Type".into(), content_type.into())],
+            body: body.into(),
+            held: false,
+        }
     }
 
     fn redirect(to: &str) -> Self {
-        Self { status: 302, headers: vec![("Location".into(), to.into())], body: Vec::new() }
+        Self { status: 302, headers: vec![("Location".into(), to.into())], body: Vec::new(), held: false }
+    }
+
+    fn held(mut self) -> Self {
+        self.held = true;
+        self
     }
 }
 
@@ -54,6 +67,7 @@ impl Page {
 struct Web {
     base: String,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl Web {
@@ -63,10 +77,11 @@ impl Web {
         let pages: Arc<HashMap<String, Page>> =
             Arc::new(pages.into_iter().map(|(p, page)| (p.to_owned(), page)).collect());
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let counted = hits.clone();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (counted, gated) = (hits.clone(), gate.clone());
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
-                let (pages, hits) = (pages.clone(), counted.clone());
+                let (pages, hits, gate) = (pages.clone(), counted.clone(), gated.clone());
                 tokio::spawn(async move {
                     let mut request = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -80,6 +95,9 @@ impl Web {
                     let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
                     *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
                     let page = pages.get(&path).cloned().unwrap_or(Page::ok("text/plain", "no such page"));
+                    if page.held {
+                        let _pass = gate.acquire().await;
+                    }
                     let status = if pages.contains_key(&path) { page.status } else { 404 };
                     let mut head = format!(
                         "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n",
@@ -95,7 +113,12 @@ impl Web {
                 });
             }
         });
-        Self { base, hits }
+        Self { base, hits, gate }
+    }
+
+    /// Lets held pages answer.
+    fn release(&self) {
+        self.gate.add_permits(1);
     }
 
     fn url(&self, path: &str) -> String {
@@ -333,4 +356,47 @@ async fn fetches_are_rate_limited_per_user_but_cached_answers_are_not(backend: B
     assert_eq!(status, 200);
     let (status, og) = preview(&server, Some(&bob.token), &url_query(&web.url("/p2.html"))).await;
     assert_eq!((status, og["og:title"].as_str()), (200, Some("P2")));
+}
+
+/// One user has at most two previews under way (a third is 429 and fetches
+/// nothing); another user is not held up by them.
+async fn one_user_has_at_most_two_previews_under_way(backend: Backend) {
+    let web = Web::start(vec![
+        ("/slow1", Page::ok("text/html", "<title>S1</title>").held()),
+        ("/slow2", Page::ok("text/html", "<title>S2</title>").held()),
+        ("/fast", Page::ok("text/html", "<title>F</title>")),
+    ])
+    .await;
+    let server = Server::start_with(&backend, loopback_allowed()).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let mut slow = Vec::new();
+    for path in ["/slow1", "/slow2"] {
+        let url = server.url(&format!("/_matrix/client/v1/media/preview_url?{}", url_query(&web.url(path))));
+        let (http, token) = (server.http().clone(), alice.token.clone());
+        slow.push(tokio::spawn(async move {
+            let response = http.get(url).bearer_auth(token).send().await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }));
+    }
+    eventually("both slow pages asked for", || async {
+        (web.hits("/slow1") == 1 && web.hits("/slow2") == 1).then_some(())
+    })
+    .await;
+    let third = preview(&server, Some(&alice.token), &url_query(&web.url("/fast"))).await;
+    assert_error(&third, 429, "M_LIMIT_EXCEEDED", "a third preview under way");
+    assert_eq!(web.hits("/fast"), 0);
+    let (status, og) = preview(&server, Some(&bob.token), &url_query(&web.url("/fast"))).await;
+    assert_eq!((status, og["og:title"].as_str()), (200, Some("F")), "bob has his own places");
+
+    web.release();
+    let mut titles = Vec::new();
+    for task in slow {
+        let (status, og) = task.await.unwrap();
+        assert_eq!(status, 200, "{og}");
+        titles.push(og["og:title"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(titles, ["S1", "S2"]);
+    let (status, og) = preview(&server, Some(&alice.token), &url_query(&web.url("/fast"))).await;
+    assert_eq!((status, og["og:title"].as_str()), (200, Some("F")), "her places are hers again");
 }

@@ -8,8 +8,9 @@
 //! The stored image expires after [`IMAGE_LIFETIME_MS`] (`media::expire`,
 //! hourly). A preview is kept in `url_previews` for [`CACHE_MS`] and served to anyone
 //! who asks for the same URL meanwhile; one fetch per URL runs at a time (the
-//! others wait for its result), at most [`MAX_FETCHES`] at once in all, and
-//! each user's fetches are rate limited (`rate_limits.url_preview_*`).
+//! others wait for its result), at most [`MAX_FETCHES`] at once in all and
+//! [`MAX_PER_USER`] per user, and each user's fetches are rate limited
+//! (`rate_limits.url_preview_*`).
 
 pub mod html;
 
@@ -34,6 +35,9 @@ pub const CACHE_MS: i64 = 60 * 60 * 1000;
 pub const IMAGE_LIFETIME_MS: i64 = 2 * 24 * 60 * 60 * 1000;
 /// Page (and image) fetches under way at once, over all users.
 pub const MAX_FETCHES: usize = 8;
+/// Previews one user may have under way at once (more: 429), so that no
+/// one user holds all of [`MAX_FETCHES`].
+pub const MAX_PER_USER: usize = 2;
 /// Redirects followed before giving up.
 const MAX_REDIRECTS: usize = 10;
 /// Longest URL previewed.
@@ -50,6 +54,8 @@ pub struct Previews {
     client: Result<Outbound, String>,
     /// One lock per URL being previewed now.
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Previews under way per user.
+    per_user: Mutex<HashMap<String, usize>>,
     slots: tokio::sync::Semaphore,
 }
 
@@ -59,13 +65,43 @@ impl Previews {
         Self {
             client: Outbound::new(allow).map_err(|e| e.to_string()),
             in_flight: Mutex::default(),
+            per_user: Mutex::default(),
             slots: tokio::sync::Semaphore::new(MAX_FETCHES),
         }
+    }
+
+    /// One of `user`'s [`MAX_PER_USER`] places, or 429 when all are taken.
+    fn user_slot<'a>(&'a self, user: &'a str) -> Result<UserSlot<'a>> {
+        let mut counts = self.per_user.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = counts.entry(user.to_owned()).or_default();
+        if *count >= MAX_PER_USER {
+            return Err(Error::LimitExceeded { retry_after_ms: 1000 });
+        }
+        *count += 1;
+        Ok(UserSlot { previews: self, user })
     }
 
     fn lock_for<'a>(&'a self, url: &'a str) -> InFlight<'a> {
         let mut map = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         InFlight { previews: self, url, lock: map.entry(url.to_owned()).or_default().clone() }
+    }
+}
+
+/// A user's place among their previews under way, given up when dropped.
+struct UserSlot<'a> {
+    previews: &'a Previews,
+    user: &'a str,
+}
+
+impl Drop for UserSlot<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.previews.per_user.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(self.user) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(self.user);
+            }
+        }
     }
 }
 
@@ -100,6 +136,7 @@ pub async fn preview(state: &AppState, user: &str, url: &str) -> Result<Map<Stri
     if let Some(cached) = cached(state, url).await? {
         return Ok(cached);
     }
+    let _mine = state.previews.user_slot(user)?;
     state.rate_limiter.check(Action::UrlPreview, user)?;
     let in_flight = state.previews.lock_for(url);
     let _turn = in_flight.lock.lock().await;
@@ -238,9 +275,14 @@ impl Fetched {
 /// reading at most `media.url_preview_max_bytes`. Waits for one of the
 /// [`MAX_FETCHES`] slots.
 async fn fetch(state: &AppState, url: Url) -> Result<Fetched> {
-    let _slot = state.previews.slots.acquire().await.map_err(|e| Error::Internal(e.to_string()))?;
     let max = state.settings.media.url_preview_max_bytes;
-    tokio::time::timeout(FETCH_TIMEOUT, fetch_following(state, url, max))
+    // Waiting for a slot counts against the time too: slow pages holding
+    // every slot make the others time out, not hang.
+    let fetched = async {
+        let _slot = state.previews.slots.acquire().await.map_err(|e| Error::Internal(e.to_string()))?;
+        fetch_following(state, url, max).await
+    };
+    tokio::time::timeout(FETCH_TIMEOUT, fetched)
         .await
         .map_err(|_| Error::RemoteTimeout("The page took too long to answer".into()))?
 }
