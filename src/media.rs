@@ -51,6 +51,11 @@ pub const INLINE_TYPES: &[&str] = &[
     "audio/x-flac",
 ];
 
+/// A Content-Type's media type: without parameters, trimmed, lower case.
+pub fn media_type(content_type: &str) -> String {
+    content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase()
+}
+
 /// A media id: 24 random alphanumerics, safe as a file name.
 fn new_media_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";

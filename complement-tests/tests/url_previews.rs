@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use complement_tests::api::{assert_error, eventually};
+use complement_tests::api::{assert_error, enc, eventually};
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Options, Server};
 use serde_json::Value;
@@ -146,19 +146,7 @@ async fn preview(server: &Server, token: Option<&str>, query: &str) -> (u16, Val
 }
 
 fn url_query(url: &str) -> String {
-    format!("url={}", encode(url))
-}
-
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    format!("url={}", enc(url))
 }
 
 async fn download(server: &Server, token: &str, mxc: &str) -> Vec<u8> {

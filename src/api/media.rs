@@ -60,7 +60,7 @@ async fn read_upload(state: &AppState, req: Request) -> Result<(Option<String>, 
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|s| s.split(';').next().unwrap_or(s).trim().to_ascii_lowercase())
+        .map(media::media_type)
         .filter(|s| !s.is_empty());
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok())
         && len.parse::<usize>().is_ok_and(|n| n > limit)

@@ -266,8 +266,7 @@ struct Fetched {
 impl Fetched {
     /// The Content-Type without parameters, lower case.
     fn media_type(&self) -> String {
-        let ct = self.content_type.as_deref().unwrap_or_default();
-        ct.split(';').next().unwrap_or_default().trim().to_ascii_lowercase()
+        crate::media::media_type(self.content_type.as_deref().unwrap_or_default())
     }
 }
 

@@ -158,68 +158,82 @@ fn open_rule(rule: &str) -> bool {
     matches!(rule, "public" | "knock" | "knock_restricted")
 }
 
-/// Whether `user` may see the local room `room_id` in a hierarchy, and the
-/// room's join rules event (for `allowed_room_ids`).
-async fn visible(state: &AppState, user: &str, room_id: &str) -> Result<(bool, Value)> {
-    let (join_rules, world_readable) = openness(state, room_id).await?;
-    if matches!(
-        events::current_membership(&state.db, room_id, user).await?.as_deref(),
-        Some("join" | "invite")
-    ) {
-        return Ok((true, join_rules));
-    }
-    let rule = join_rules["content"]["join_rule"].as_str().unwrap_or("invite");
-    let allowed = allowed_rooms(&join_rules);
-    let visible = open_rule(rule)
-        || world_readable
-        || (rule == "restricted" && joined_to_any(state, user, &allowed).await?);
-    Ok((visible, join_rules))
+/// Who asks for a hierarchy: a local user, or (over federation) a server.
+#[derive(Clone, Copy)]
+enum Asker<'a> {
+    User(&'a str),
+    Server(&'a ServerName),
 }
 
-/// Whether `user` is joined to one of `rooms` (as far as this server knows).
-async fn joined_to_any(state: &AppState, user: &str, rooms: &[String]) -> Result<bool> {
-    for room in rooms {
-        if events::current_membership(&state.db, room, user).await?.as_deref() == Some("join") {
-            return Ok(true);
+impl Asker<'_> {
+    /// Whether the asker belongs to the room: a user joined or invited, a
+    /// server with a user joined.
+    async fn member(&self, state: &AppState, room_id: &str) -> Result<bool> {
+        match self {
+            Self::User(user) => Ok(matches!(
+                events::current_membership(&state.db, room_id, user).await?.as_deref(),
+                Some("join" | "invite")
+            )),
+            Self::Server(server) => federation::server_in_room(&state.db, room_id, server.as_str()).await,
+        }
+    }
+
+    /// Whether the asker is in a room a restricted rule allows: a user
+    /// joined, a server with a user joined.
+    async fn in_room(&self, state: &AppState, room_id: &str) -> Result<bool> {
+        match self {
+            Self::User(user) => {
+                Ok(events::current_membership(&state.db, room_id, user).await?.as_deref() == Some("join"))
+            }
+            Self::Server(server) => federation::server_in_room(&state.db, room_id, server.as_str()).await,
+        }
+    }
+}
+
+/// The hierarchy's one rule of who sees a room: open join rules,
+/// world-readable history, a member of it (`room_id`: a room this server
+/// has), or a restricted rule naming a room the asker is in.
+async fn may_see(
+    state: &AppState,
+    asker: Asker<'_>,
+    room_id: Option<&str>,
+    rule: &str,
+    world_readable: bool,
+    allowed: &[String],
+) -> Result<bool> {
+    if open_rule(rule) || world_readable {
+        return Ok(true);
+    }
+    if let Some(room_id) = room_id
+        && asker.member(state, room_id).await?
+    {
+        return Ok(true);
+    }
+    if rule == "restricted" {
+        for room in allowed {
+            if asker.in_room(state, room).await? {
+                return Ok(true);
+            }
         }
     }
     Ok(false)
 }
 
-/// Whether `server` may see the local room `room_id` in a hierarchy: open
-/// join rules or world-readable history, one of its users in the room, or
-/// (restricted) in a room the rule allows; and the join rules event.
-async fn visible_to_server(state: &AppState, server: &ServerName, room_id: &str) -> Result<(bool, Value)> {
+/// Whether `asker` may see the local room `room_id` in a hierarchy, and the
+/// room's join rules event (for `allowed_room_ids`).
+async fn visible(state: &AppState, asker: Asker<'_>, room_id: &str) -> Result<(bool, Value)> {
     let (join_rules, world_readable) = openness(state, room_id).await?;
     let rule = join_rules["content"]["join_rule"].as_str().unwrap_or("invite");
-    if open_rule(rule)
-        || world_readable
-        || federation::server_in_room(&state.db, room_id, server.as_str()).await?
-    {
-        return Ok((true, join_rules));
-    }
-    if rule == "restricted" {
-        for allowed in allowed_rooms(&join_rules) {
-            if federation::server_in_room(&state.db, &allowed, server.as_str()).await? {
-                return Ok((true, join_rules));
-            }
-        }
-    }
-    Ok((false, join_rules))
+    let allowed = allowed_rooms(&join_rules);
+    let visible = may_see(state, asker, Some(room_id), rule, world_readable, &allowed).await?;
+    Ok((visible, join_rules))
 }
 
 /// Whether `user` may see a room another server described (`chunk`, as a
-/// hierarchy lists it): open join rules or world-readable history, or a
-/// restricted rule allowing a room the user is joined to.
+/// hierarchy lists it; this server has no members of it to ask about).
 async fn visible_remote(state: &AppState, user: &str, chunk: &Value) -> Result<bool> {
     // The spec's default join rule of a listed room is `public`.
     let rule = chunk["join_rule"].as_str().unwrap_or("public");
-    if open_rule(rule) || chunk["world_readable"] == true {
-        return Ok(true);
-    }
-    if rule != "restricted" {
-        return Ok(false);
-    }
     let allowed: Vec<String> = chunk["allowed_room_ids"]
         .as_array()
         .into_iter()
@@ -227,7 +241,7 @@ async fn visible_remote(state: &AppState, user: &str, chunk: &Value) -> Result<b
         .filter_map(Value::as_str)
         .map(str::to_owned)
         .collect();
-    joined_to_any(state, user, &allowed).await
+    may_see(state, Asker::User(user), None, rule, chunk["world_readable"] == true, &allowed).await
 }
 
 /// One room as a hierarchy lists it.
@@ -431,7 +445,7 @@ async fn node(
     walk_children: bool,
 ) -> Result<Step> {
     if rooms::get(&state.db, room_id).await?.is_some() {
-        let (may_see, join_rules) = visible(state, user, room_id).await?;
+        let (may_see, join_rules) = visible(state, Asker::User(user), room_id).await?;
         if !may_see {
             return Ok(Step::Skip);
         }
@@ -483,7 +497,7 @@ pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Val
         None => 0,
     };
     let root = q.root.as_str();
-    if rooms::get(&state.db, root).await?.is_none() || !visible(state, user, root).await?.0 {
+    if rooms::get(&state.db, root).await?.is_none() || !visible(state, Asker::User(user), root).await?.0 {
         return Err(Error::Forbidden("You may not view this space".into()));
     }
 
@@ -583,7 +597,7 @@ pub async fn for_server(
         return Err(unknown());
     }
     crate::federation::acl::check(state, room, server).await?;
-    let (may_see, join_rules) = visible_to_server(state, server, room).await?;
+    let (may_see, join_rules) = visible(state, Asker::Server(server), room).await?;
     if !may_see {
         return Err(unknown());
     }
@@ -594,7 +608,7 @@ pub async fn for_server(
         if rooms::get(&state.db, &link.child).await?.is_none() {
             continue;
         }
-        let (may_see, child_rules) = visible_to_server(state, server, &link.child).await?;
+        let (may_see, child_rules) = visible(state, Asker::Server(server), &link.child).await?;
         if may_see {
             let mut chunk = room_chunk(state, &link.child, &child_rules, Vec::new()).await?;
             if let Some(fields) = chunk.as_object_mut() {
