@@ -244,15 +244,34 @@ async fn visible_remote(state: &AppState, user: &str, chunk: &Value) -> Result<b
     may_see(state, Asker::User(user), None, rule, chunk["world_readable"] == true, &allowed).await
 }
 
-/// One room as a hierarchy lists it.
+/// A room this server has: its version and summary, read once for the
+/// room's visit.
+struct Local {
+    version: String,
+    summary: Option<rooms::RoomSummary>,
+}
+
+/// The room, if this server has it.
+async fn local_room(state: &AppState, room_id: &str) -> Result<Option<Local>> {
+    let Some(row) = rooms::get(&state.db, room_id).await? else { return Ok(None) };
+    Ok(Some(Local { version: row.room_version, summary: rooms::summary(&state.db, room_id).await? }))
+}
+
+impl Local {
+    fn is_space(&self) -> bool {
+        self.summary.as_ref().is_some_and(|s| s.room_type.as_deref() == Some("m.space"))
+    }
+}
+
+/// One room of this server as a hierarchy lists it.
 async fn room_chunk(
     state: &AppState,
     room_id: &str,
+    local: Local,
     join_rules: &Value,
     children: Vec<Value>,
 ) -> Result<Value> {
-    let summary = rooms::summary(&state.db, room_id).await?;
-    let mut chunk = match summary {
+    let mut chunk = match local.summary {
         Some(s) => super::directory::chunk(s),
         None => {
             json!({ "room_id": room_id, "num_joined_members": 0, "world_readable": false, "guest_can_join": false })
@@ -264,9 +283,7 @@ async fn room_chunk(
         chunk["join_rule"] = json!(join_rules["content"]["join_rule"].as_str().unwrap_or("invite"));
     }
     chunk["children_state"] = Value::Array(children);
-    if let Some(room) = rooms::get(&state.db, room_id).await? {
-        chunk["room_version"] = json!(room.room_version);
-    }
+    chunk["room_version"] = json!(local.version);
     if matches!(chunk["join_rule"].as_str(), Some("restricted" | "knock_restricted")) {
         chunk["allowed_room_ids"] = json!(allowed_rooms(join_rules));
     }
@@ -418,15 +435,15 @@ impl Remote {
 
 /// One room met on the walk: its chunk (made when listed) and its links.
 struct Node {
-    /// This server's room and its join rules; or another server's chunk.
-    source: Result<Value, Value>,
+    /// Another server's chunk; or this server's room and its join rules.
+    source: Result<Value, (Local, Value)>,
     links: Vec<Link>,
 }
 
 /// What the walk does with a room.
 enum Step {
     /// List it (and walk its links).
-    Node(Node),
+    Node(Box<Node>),
     /// Leave it out: the user may not see it, or no server could tell.
     Skip,
     /// End the page here: it asked other servers all it may.
@@ -444,16 +461,14 @@ async fn node(
     q: &Query<'_>,
     walk_children: bool,
 ) -> Result<Step> {
-    if rooms::get(&state.db, room_id).await?.is_some() {
+    if let Some(local) = local_room(state, room_id).await? {
         let (may_see, join_rules) = visible(state, Asker::User(user), room_id).await?;
         if !may_see {
             return Ok(Step::Skip);
         }
-        let is_space = rooms::summary(&state.db, room_id)
-            .await?
-            .is_some_and(|s| s.room_type.as_deref() == Some("m.space"));
-        let links = if is_space { links(state, room_id, q.suggested_only).await? } else { Vec::new() };
-        return Ok(Step::Node(Node { source: Err(join_rules), links }));
+        let links =
+            if local.is_space() { links(state, room_id, q.suggested_only).await? } else { Vec::new() };
+        return Ok(Step::Node(Box::new(Node { source: Err((local, join_rules)), links })));
     }
     if remote.inaccessible.contains(room_id) {
         return Ok(Step::Skip);
@@ -482,7 +497,7 @@ async fn node(
     } else {
         Vec::new()
     };
-    Ok(Step::Node(Node { source: Ok(chunk), links }))
+    Ok(Step::Node(Box::new(Node { source: Ok(chunk), links })))
 }
 
 /// A page of the space's hierarchy as `user` may see it. Rooms this server
@@ -539,7 +554,7 @@ pub async fn hierarchy(state: &AppState, user: &str, q: Query<'_>) -> Result<Val
         if listed >= offset {
             let children: Vec<Value> = node.links.into_iter().map(|l| l.stripped).collect();
             page.push(match node.source {
-                Err(join_rules) => room_chunk(state, &room_id, &join_rules, children).await?,
+                Err((local, join_rules)) => room_chunk(state, &room_id, local, &join_rules, children).await?,
                 Ok(mut chunk) => {
                     chunk["children_state"] = Value::Array(children);
                     chunk
@@ -593,9 +608,7 @@ pub async fn for_server(
 ) -> Result<get_hierarchy::v1::Response> {
     let unknown = || Error::NotFound("Unknown room".into());
     let room = room_id.as_str();
-    if rooms::get(&state.db, room).await?.is_none() {
-        return Err(unknown());
-    }
+    let local = local_room(state, room).await?.ok_or_else(unknown)?;
     crate::federation::acl::check(state, room, server).await?;
     let (may_see, join_rules) = visible(state, Asker::Server(server), room).await?;
     if !may_see {
@@ -605,12 +618,10 @@ pub async fn for_server(
     let mut children = Vec::new();
     let mut inaccessible = Vec::new();
     for link in &links {
-        if rooms::get(&state.db, &link.child).await?.is_none() {
-            continue;
-        }
+        let Some(child) = local_room(state, &link.child).await? else { continue };
         let (may_see, child_rules) = visible(state, Asker::Server(server), &link.child).await?;
         if may_see {
-            let mut chunk = room_chunk(state, &link.child, &child_rules, Vec::new()).await?;
+            let mut chunk = room_chunk(state, &link.child, child, &child_rules, Vec::new()).await?;
             if let Some(fields) = chunk.as_object_mut() {
                 fields.remove("children_state");
             }
@@ -620,7 +631,7 @@ pub async fn for_server(
         }
     }
     let stripped: Vec<Value> = links.into_iter().map(|l| l.stripped).collect();
-    let chunk = room_chunk(state, room, &join_rules, stripped).await?;
+    let chunk = room_chunk(state, room, local, &join_rules, stripped).await?;
     let root =
         as_summary(chunk).ok_or_else(|| Error::Internal("the room's summary does not serialise".into()))?;
     let mut response = get_hierarchy::v1::Response::new(root);
