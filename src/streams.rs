@@ -6,6 +6,13 @@
 //! which every write has finished, so a `since` token built from it covers
 //! every committed write at or below it, even when writers commit out of order.
 //!
+//! Every write a `/sync` reads takes its position here, so the allocator can
+//! also say what kind of write each recent position was ([`Change`]): a
+//! waiting sync that wakes asks [`Streams::changes_between`] what moved since
+//! the answer it found empty, and reads again only those streams. A write
+//! that does not say what it was counts as [`Change::Unknown`] (read
+//! everything), and positions older than the log's window are unknown too.
+//!
 //! Waking is per user: a write names the users it concerns, and only their
 //! waiting requests wake. A request subscribes before it reads the position,
 //! so a write that lands in between still wakes it.
@@ -17,7 +24,7 @@
 //! the database for every member of the room; a membership event also wakes
 //! its target by name (they may not watch the room yet, or any more).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -26,6 +33,53 @@ use tokio::sync::watch;
 struct Positions {
     next: i64,
     in_flight: BTreeSet<i64>,
+    /// What the most recent finished positions were, by position.
+    log: BTreeMap<i64, Change>,
+    /// Positions at or below this one may have left the log.
+    forgotten: i64,
+}
+
+/// How many finished positions the change log keeps.
+const LOG_SIZE: usize = 4096;
+
+/// What a write at a stream position changed, as far as `/sync` cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Events in a room; `members` are the targets of membership events
+    /// among them.
+    Room { room: String, members: Vec<String> },
+    /// A receipt in a room.
+    Receipt { room: String },
+    /// A user's account data.
+    AccountData { user: String },
+    /// A user's one-time or fallback keys (uploaded or claimed).
+    Keys { user: String },
+    /// To-device messages for these users.
+    ToDevice { users: Vec<String> },
+    /// A user's device list (devices or their keys).
+    DeviceList { user: String },
+    /// A user's presence.
+    Presence,
+    /// Anything (an invite from another server, or a write that did not
+    /// say what it was).
+    Unknown,
+}
+
+/// What moved between two positions, for one user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Rooms with new events or receipts.
+    pub rooms: BTreeSet<String>,
+    /// The user's own memberships changed (their room list may differ).
+    pub my_membership: bool,
+    /// Someone's membership changed in some room.
+    pub any_membership: bool,
+    /// The user's account data.
+    pub account_data: bool,
+    /// The user's to-device messages or key counts.
+    pub device: bool,
+    /// Someone's device list.
+    pub device_lists: bool,
 }
 
 /// The stream position allocator.
@@ -35,25 +89,48 @@ pub struct Streams {
 }
 
 /// A reserved position; finishing it (or dropping it) lets the stream
-/// position move past it.
+/// position move past it. Finish it with [`Reservation::finish`] to say what
+/// the write changed; dropped unfinished, it counts as [`Change::Unknown`].
 #[derive(Debug)]
 pub struct Reservation {
     streams: Arc<Streams>,
     /// The position.
     pub pos: i64,
+    change: Option<Change>,
+}
+
+impl Reservation {
+    /// Ends the write (committed or failed): `change` says what it was.
+    pub fn finish(mut self, change: Change) {
+        self.change = Some(change);
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        let change = self.change.take().unwrap_or(Change::Unknown);
         let mut p = self.streams.positions.lock().unwrap_or_else(|e| e.into_inner());
         p.in_flight.remove(&self.pos);
+        p.log.insert(self.pos, change);
+        while p.log.len() > LOG_SIZE {
+            if let Some((pos, _)) = p.log.pop_first() {
+                p.forgotten = p.forgotten.max(pos);
+            }
+        }
     }
 }
 
 impl Streams {
     /// Starts after `last`, the highest position already stored.
     pub fn starting_after(last: i64) -> Arc<Self> {
-        Arc::new(Self { positions: Mutex::new(Positions { next: last + 1, in_flight: BTreeSet::new() }) })
+        Arc::new(Self {
+            positions: Mutex::new(Positions {
+                next: last + 1,
+                in_flight: BTreeSet::new(),
+                log: BTreeMap::new(),
+                forgotten: last,
+            }),
+        })
     }
 
     /// Reserves the next position.
@@ -62,7 +139,7 @@ impl Streams {
         let pos = p.next;
         p.next += 1;
         p.in_flight.insert(pos);
-        Reservation { streams: self.clone(), pos }
+        Reservation { streams: self.clone(), pos, change: None }
     }
 
     /// Every write at or below this position has finished.
@@ -72,6 +149,39 @@ impl Streams {
             Some(first) => first - 1,
             None => p.next - 1,
         }
+    }
+
+    /// What the writes after `after` up to `upto` (a position every write at
+    /// or below has finished) changed for `user`; `None` when the log no
+    /// longer reaches back to `after` or a write there is unknown.
+    pub fn changes_between(&self, user: &str, after: i64, upto: i64) -> Option<Moved> {
+        let p = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        if after < p.forgotten {
+            return None;
+        }
+        let mut moved = Moved::default();
+        if upto <= after {
+            return Some(moved);
+        }
+        for (_, change) in p.log.range(after + 1..=upto) {
+            match change {
+                Change::Room { room, members } => {
+                    moved.rooms.insert(room.clone());
+                    moved.any_membership |= !members.is_empty();
+                    moved.my_membership |= members.iter().any(|m| m == user);
+                }
+                Change::Receipt { room } => {
+                    moved.rooms.insert(room.clone());
+                }
+                Change::AccountData { user: u } => moved.account_data |= u == user,
+                Change::Keys { user: u } => moved.device |= u == user,
+                Change::ToDevice { users } => moved.device |= users.iter().any(|u| u == user),
+                Change::DeviceList { .. } => moved.device_lists = true,
+                Change::Presence => {}
+                Change::Unknown => return None,
+            }
+        }
+        Some(moved)
     }
 }
 
@@ -170,6 +280,44 @@ mod tests {
         assert_eq!(streams.position(), 10, "11 is still in flight");
         drop(a);
         assert_eq!(streams.position(), 12);
+    }
+
+    #[test]
+    fn the_log_says_what_moved_for_whom() {
+        let streams = Streams::starting_after(10);
+        assert_eq!(streams.changes_between("@a:x", 9, 10), None, "before the log began");
+        assert_eq!(streams.changes_between("@a:x", 10, 10), Some(Moved::default()));
+        let room = |room: &str, members: &[&str]| Change::Room {
+            room: room.into(),
+            members: members.iter().map(|m| m.to_string()).collect(),
+        };
+        streams.reserve().finish(room("!r:x", &[]));
+        streams.reserve().finish(Change::AccountData { user: "@b:x".into() });
+        streams.reserve().finish(Change::ToDevice { users: vec!["@a:x".into()] });
+        streams.reserve().finish(Change::Receipt { room: "!s:x".into() });
+        let moved = streams.changes_between("@a:x", 10, 14).unwrap();
+        assert_eq!(moved.rooms.iter().collect::<Vec<_>>(), ["!r:x", "!s:x"]);
+        assert!(moved.device && !moved.account_data && !moved.my_membership && !moved.any_membership);
+        let moved = streams.changes_between("@b:x", 11, 14).unwrap();
+        assert!(moved.account_data && !moved.device, "{moved:?}");
+        assert_eq!(streams.changes_between("@b:x", 12, 14).unwrap().rooms.len(), 1, "only after 12");
+
+        streams.reserve().finish(room("!r:x", &["@a:x"]));
+        let moved = streams.changes_between("@b:x", 14, 15).unwrap();
+        assert!(moved.any_membership && !moved.my_membership);
+        assert!(streams.changes_between("@a:x", 14, 15).unwrap().my_membership);
+
+        // A write that did not say what it was: nothing can be skipped.
+        drop(streams.reserve());
+        assert_eq!(streams.changes_between("@a:x", 14, 16), None);
+        assert!(streams.changes_between("@a:x", 16, 16).is_some());
+
+        // Old positions leave the log.
+        for _ in 0..LOG_SIZE {
+            streams.reserve().finish(Change::Presence);
+        }
+        assert_eq!(streams.changes_between("@a:x", 15, streams.position()), None);
+        assert!(streams.changes_between("@a:x", 16, streams.position()).is_some());
     }
 
     #[tokio::test]

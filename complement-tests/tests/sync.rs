@@ -34,6 +34,7 @@ backend_tests!(
     read_markers_set_fully_read_and_read_receipt,
     concurrent_senders_reach_the_reader_once_each_in_order,
     incremental_sync_over_many_rooms_brings_each_kind_of_news,
+    a_woken_sync_reads_again_what_moved_while_it_waited,
 );
 
 /// A long-poll that some action must wake well before its end.
@@ -1145,4 +1146,67 @@ async fn incremental_sync_over_many_rooms_brings_each_kind_of_news(backend: Back
     let body = woken(poll, "a message in the fifth room").await;
     assert_eq!(room_ids(&body, "join"), vec![rooms[4].clone()], "{body}");
     assert_eq!(ids(timeline(room_in(&body, "join", &rooms[4]))), vec![last], "{body}");
+}
+
+/// A woken long-poll reads again only the streams that moved while it
+/// waited; what moved without waking it (a claim of its one-time keys) or
+/// woke it along with other news (to-device messages, account data, a new
+/// room) must all be in the answer. Whichever way the race between the
+/// long-poll's first look and the writes goes, the answer is the same.
+async fn a_woken_sync_reads_again_what_moved_while_it_waited(backend: Backend) {
+    use complement_tests::e2ee::{Key, device_keys, signed_one_time_key};
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let (a, d) = (alice.user_id.as_str(), alice.device_id.as_str());
+    let key = Key::new("alice-device");
+    let upload = json!({
+        "device_keys": device_keys(a, d, &key),
+        "one_time_keys": {
+            "signed_curve25519:AAAA": signed_one_time_key(a, d, &key, "otk1"),
+            "signed_curve25519:AAAB": signed_one_time_key(a, d, &key, "otk2"),
+        },
+    });
+    post_ok(&server, &alice, "/_matrix/client/v3/keys/upload", upload).await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    join(&server, &bob, &room).await;
+    let first = sync(&server, &alice, "").await;
+    assert_eq!(first["device_one_time_keys_count"]["signed_curve25519"], 2, "{first}");
+
+    // A claim does not wake alice; bob's message does.
+    let poll = spawn_long_poll(&server, &alice, &next_batch(&first));
+    let claim = json!({ "one_time_keys": { a: { d: "signed_curve25519" } } });
+    let claimed = post_ok(&server, &bob, "/_matrix/client/v3/keys/claim", claim).await;
+    assert!(claimed["one_time_keys"][a][d]["signed_curve25519:AAAA"].is_object(), "{claimed}");
+    let sent = send_text(&server, &bob, &room, "after-claim", "keys went").await;
+    let body = woken(poll, "message after a claim").await;
+    assert_eq!(ids(timeline(room_in(&body, "join", &room))), vec![sent], "{body}");
+    assert_eq!(body["device_one_time_keys_count"]["signed_curve25519"], 1, "the claim is counted: {body}");
+
+    // A to-device message wakes alice: it is in the answer, once.
+    let poll = spawn_long_poll(&server, &alice, &next_batch(&body));
+    let message = json!({ "messages": { a: { d: { "n": 7 } } } });
+    put_ok(&server, &bob, "/_matrix/client/v3/sendToDevice/m.test/t1", message).await;
+    let body = woken(poll, "to-device").await;
+    assert_eq!(body["to_device"]["events"][0]["content"]["n"], 7, "{body}");
+    assert_eq!(body["to_device"]["events"].as_array().map(Vec::len), Some(1), "{body}");
+
+    // Account data, then a room alice is invited to: each wakes her with it.
+    let poll = spawn_long_poll(&server, &alice, &next_batch(&body));
+    put_ok(&server, &alice, &user_path(&alice, "/account_data/m.test"), json!({ "x": 1 })).await;
+    let body = woken(poll, "account data").await;
+    let data = body["account_data"]["events"].as_array().unwrap();
+    assert!(data.iter().any(|e| e["type"] == "m.test" && e["content"]["x"] == 1), "{body}");
+    let other = create_room(&server, &bob, json!({ "preset": "private_chat" })).await;
+    let poll = spawn_long_poll(&server, &alice, &next_batch(&body));
+    invite(&server, &bob, &other, &alice).await;
+    let body = woken(poll, "invite").await;
+    assert!(body["rooms"]["invite"][&other].is_object(), "{body}");
+    // And a message after it in the first room still comes (the room list
+    // was read again, the first room still watched).
+    let poll = spawn_long_poll(&server, &alice, &next_batch(&body));
+    let sent = send_text(&server, &bob, &room, "after-invite", "still here").await;
+    let body = woken(poll, "message after an invite").await;
+    assert_eq!(ids(timeline(room_in(&body, "join", &room))), vec![sent], "{body}");
+    assert!(body["rooms"]["invite"].get(&other).is_none(), "the invite is not repeated: {body}");
 }

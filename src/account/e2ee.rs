@@ -7,13 +7,14 @@ use serde_json::{Map, Value, json};
 use crate::error::Result;
 use crate::state::AppState;
 use crate::storage::{devices, events, keys};
+use crate::streams::Change;
 
 /// Records a device-list change of `user` and wakes everyone who shares a room
 /// with them (and the user's own other devices).
 pub async fn device_list_changed(state: &AppState, user: &UserId) -> Result<()> {
     let reservation = state.streams.reserve();
     keys::device_list_changed(&state.db, user.as_str(), reservation.pos).await?;
-    drop(reservation);
+    reservation.finish(Change::DeviceList { user: user.to_string() });
     wake_peers(state, user).await
 }
 
@@ -51,7 +52,7 @@ pub async fn remove_devices(state: &AppState, user: &UserId, device_ids: &[&str]
     // without the change that tells them.
     let reservation = state.streams.reserve();
     devices::delete_many(&state.db, user.as_str(), device_ids, reservation.pos).await?;
-    drop(reservation);
+    reservation.finish(Change::DeviceList { user: user.to_string() });
     for device in device_ids {
         state.tokens.forget_device(user.as_str(), device);
     }

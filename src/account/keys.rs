@@ -21,6 +21,7 @@ use super::{Requester, e2ee, uia};
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::keys::{self, KeySignature};
+use crate::streams::Change;
 
 /// Keys and signatures are base64 without padding; padded input is accepted.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -188,12 +189,18 @@ pub async fn upload_device_keys(state: &AppState, me: &Requester, upload: Device
             e2ee::device_list_changed(state, &me.user_id).await?;
         }
     }
+    if upload.one_time_keys.is_empty() && upload.fallback_keys.is_empty() {
+        return Ok(());
+    }
+    // The key counts move: a position says so to the user's syncs.
+    let reservation = state.streams.reserve();
     for (id, algorithm, key) in &upload.one_time_keys {
         keys::add_one_time_key(&state.db, user, device, id, algorithm, &key.to_string()).await?;
     }
     for (id, algorithm, key) in &upload.fallback_keys {
         keys::put_fallback_key(&state.db, user, device, algorithm, id, &key.to_string()).await?;
     }
+    reservation.finish(Change::Keys { user: user.to_owned() });
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
 use crate::storage::{self, RoomTx, memberships, rooms};
-use crate::streams::Reservation;
+use crate::streams::{Change, Reservation};
 
 /// The memberships that have ranges: stays (`join`), invites and knocks
 /// (which let their holder read only the events that end them).
@@ -701,7 +701,11 @@ impl RoomWriter {
         rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth, state_changed)
             .await?;
         tx.commit().await?;
-        drop(reservations);
+        // What the positions were, for the syncs that wake on them.
+        for (i, reservation) in reservations.into_iter().enumerate() {
+            let members = if i == 0 { targets.clone() } else { Vec::new() };
+            reservation.finish(Change::Room { room: room_id.to_string(), members });
+        }
         Ok((Committed { room_id, appended, destinations, targets }, StateCache::new(last_seq, state, by_id)))
     }
 

@@ -337,7 +337,7 @@ pub async fn delete_device(conn: &mut AnyConnection, user: &str, device: &str) -
 }
 
 /// What one `/sync` answer reads for a device and its user, besides rooms.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct DeviceWindow {
     /// To-device messages in the window: (stream, sender, type, content).
     pub to_device: Vec<(i64, String, String, String)>,

@@ -113,32 +113,75 @@ pub const DEFAULT_TIMELINE_LIMIT: usize = 10;
 /// client is willing to wait, waits until the user is woken or the timeout.
 pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result<Value> {
     let deadline = Instant::now() + req.timeout;
+    let user = me.user_id.as_str();
     // Subscribe, and watch the rooms joined, before reading the position: a
     // write landing in between still wakes us.
-    let mut wake = state.notifier.subscribe(me.user_id.as_str());
+    let mut wake = state.notifier.subscribe(user);
+    // What the last pass read besides rooms, kept while the request waits.
+    let mut last: Option<Pass> = None;
+    let mut final_pass = false;
     loop {
         wake.borrow_and_update();
-        let rooms = memberships::rooms_joined_of(&state.db, me.user_id.as_str()).await?;
+        // The room list stands while the user's memberships do.
+        let moved = |pass: &Pass, upto: i64| state.streams.changes_between(user, pass.now.stream, upto);
+        let rooms = match &last {
+            Some(pass) if moved(pass, state.streams.position()).is_some_and(|m| !m.my_membership) => {
+                pass.rooms.clone()
+            }
+            _ => memberships::rooms_joined_of(&state.db, user).await?,
+        };
         let joined: Vec<String> = rooms.iter().filter(|(_, j)| *j).map(|(r, _)| r.clone()).collect();
-        let _watch = state.notifier.watch_rooms(me.user_id.as_str(), joined);
+        let _watch = state.notifier.watch_rooms(user, joined);
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
-        let (body, has_news) = build(state, me, req, now, &rooms).await?;
-        if has_news || req.since.is_none() || req.full_state || Instant::now() >= deadline {
+        let reuse = match &last {
+            Some(pass) => match moved(pass, now.stream) {
+                // A membership of the user's landed after the list was read:
+                // read it again (nothing was waited for).
+                Some(m) if m.my_membership && pass.rooms == rooms => {
+                    last = None;
+                    continue;
+                }
+                Some(moved) => Some(Reuse { pass, moved }),
+                None => None,
+            },
+            None => None,
+        };
+        let (body, has_news, pass) = build(state, me, req, now, rooms, reuse).await?;
+        if has_news || req.since.is_none() || req.full_state || final_pass || Instant::now() >= deadline {
             return Ok(body);
         }
+        last = Some(pass);
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, wake.changed()).await {
-            Ok(Ok(())) => continue,
-            Ok(Err(_)) | Err(_) => {
-                let now = Token {
-                    stream: state.streams.position(),
-                    typing: state.typing.serial(),
-                    to_device: None,
-                };
-                return Ok(build(state, me, req, now, &rooms).await?.0);
-            }
+        if !matches!(tokio::time::timeout(remaining, wake.changed()).await, Ok(Ok(()))) {
+            // Timed out: one last pass for what landed meanwhile.
+            final_pass = true;
         }
     }
+}
+
+/// What a pass of [`build`] read besides the rooms' own events, kept while
+/// the request waits: a woken pass reads again only the streams that moved
+/// since (what [`crate::streams::Streams::changes_between`] says), since a
+/// read over `(since, now]` equals the one over `(since, pass.now]` when no
+/// write in between touched it.
+#[derive(Debug)]
+struct Pass {
+    /// The position the pass read up to.
+    now: Token,
+    /// The user's rooms, each with whether joined now.
+    rooms: Vec<(String, bool)>,
+    /// Account data changed, and the push rules and ignored list.
+    account: (Vec<(String, String, String)>, Vec<(String, String)>),
+    /// To-device messages, key counts and remote invites.
+    window: keys::DeviceWindow,
+    /// Device lists changed and left, and newcomers.
+    devices: (Vec<String>, Vec<String>, Vec<String>),
+}
+
+/// The earlier pass of a woken request, and what moved since.
+struct Reuse<'a> {
+    pass: &'a Pass,
+    moved: crate::streams::Moved,
 }
 
 /// The state key of a stored member event (`None` for other events).
@@ -211,8 +254,9 @@ async fn build(
     me: &Requester,
     req: &SyncRequest,
     now: Token,
-    rooms: &[(String, bool)],
-) -> Result<(Value, bool)> {
+    rooms: Vec<(String, bool)>,
+    reuse: Option<Reuse<'_>>,
+) -> Result<(Value, bool, Pass)> {
     let since = req.since.unwrap_or_default();
     let initial = req.since.is_none();
     let mut join = Map::new();
@@ -225,20 +269,30 @@ async fn build(
     let mut global_data = Vec::new();
     // What changed, and the push rules (for the counts) and the ignored
     // users whatever their age, in one read.
-    let (changed, personal) = account_data::changed_and_wanted(
-        &state.db,
-        me.user_id.as_str(),
-        since.stream,
-        now.stream,
-        &["m.push_rules", "m.ignored_user_list"],
-    )
-    .await?;
+    let account = match &reuse {
+        Some(r) if !r.moved.account_data => r.pass.account.clone(),
+        _ => {
+            account_data::changed_and_wanted(
+                &state.db,
+                me.user_id.as_str(),
+                since.stream,
+                now.stream,
+                &["m.push_rules", "m.ignored_user_list"],
+            )
+            .await?
+        }
+    };
+    let (changed, personal) = &account;
     for (room_id, kind, content) in changed {
-        let content: Value = serde_json::from_str(&content).unwrap_or_else(|_| json!({}));
+        let content: Value = serde_json::from_str(content).unwrap_or_else(|_| json!({}));
         if room_id.is_empty() {
             global_data.push(json!({ "type": kind, "content": content }));
         } else {
-            room_data.push((room_id, kind, serde_json::to_string(&content).unwrap_or_default()));
+            room_data.push((
+                room_id.clone(),
+                kind.clone(),
+                serde_json::to_string(&content).unwrap_or_default(),
+            ));
         }
     }
     let stored = |kind: &str| personal.iter().find(|(k, _)| k == kind).map(|(_, c)| c.as_str());
@@ -262,10 +316,18 @@ async fn build(
                 && !req.filter.not_rooms.iter().any(|n| n == r)
         })
         .collect();
-    if !initial && !req.full_state && ids.len() > 1 {
-        let changed = events::rooms_changed(&state.db, &ids, since.stream, now.stream).await?;
+    let probed = match &reuse {
+        // Woken: the earlier pass found nothing new in any room, so only
+        // those with events or receipts since can have something.
+        Some(r) => Some(r.moved.rooms.iter().cloned().collect()),
+        None if !initial && !req.full_state && ids.len() > 1 => {
+            Some(events::rooms_changed(&state.db, &ids, since.stream, now.stream).await?)
+        }
+        None => None,
+    };
+    if let Some(changed) = probed {
         ids.retain(|room| {
-            changed.iter().any(|c| c == room)
+            changed.iter().any(|c: &String| c == room)
                 || room_data.iter().any(|(r, _, _)| r == room)
                 || state.typing.changed_since(room, Some(since.typing), now.typing).is_some()
         });
@@ -280,7 +342,7 @@ async fn build(
             .collect();
     // In the user's order of rooms; those the filter or the probe left out
     // have no row.
-    for (room_id, _) in rooms {
+    for (room_id, _) in &rooms {
         let room_id = room_id.clone();
         let Some(row) = rows.remove(&room_id) else { continue };
         let view = read::view_of(row)?;
@@ -343,7 +405,7 @@ async fn build(
     // TO_DEVICE_PER_SYNC go out, and the token then says how far. The
     // to-device messages, key counts and remote invites come in one read.
     let acked = since.to_device.unwrap_or(since.stream);
-    if acked > 0 {
+    if acked > 0 && reuse.is_none() {
         let (state, user, device) = (state.clone(), me.user_id.to_string(), me.device_id.to_string());
         tokio::spawn(async move {
             if let Err(e) = keys::ack_to_device(&state.db, &user, &device, acked).await {
@@ -351,19 +413,24 @@ async fn build(
             }
         });
     }
-    let window = keys::device_window(
-        &state.db,
-        me.user_id.as_str(),
-        me.device_id.as_str(),
-        acked,
-        if initial { 0 } else { since.stream },
-        now.stream,
-        TO_DEVICE_PER_SYNC + 1,
-    )
-    .await?;
+    let window = match &reuse {
+        Some(r) if !r.moved.device => r.pass.window.clone(),
+        _ => {
+            keys::device_window(
+                &state.db,
+                me.user_id.as_str(),
+                me.device_id.as_str(),
+                acked,
+                if initial { 0 } else { since.stream },
+                now.stream,
+                TO_DEVICE_PER_SYNC + 1,
+            )
+            .await?
+        }
+    };
 
     // Invites into rooms on other servers (not on any line of ours yet).
-    for pending in window.remote_invites {
+    for pending in &window.remote_invites {
         let room_id = pending.room_id.clone();
         if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
             || req.filter.not_rooms.contains(&room_id)
@@ -389,7 +456,7 @@ async fn build(
     }
 
     let mut next = now;
-    let mut rows = window.to_device;
+    let mut rows = window.to_device.clone();
     if rows.len() > TO_DEVICE_PER_SYNC as usize {
         rows.truncate(TO_DEVICE_PER_SYNC as usize);
         next.to_device = rows.last().map(|r| r.0);
@@ -401,14 +468,15 @@ async fn build(
             json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
         })
         .collect();
-    let (changed, left, newcomers) = if initial {
-        (Vec::new(), Vec::new(), Vec::new())
-    } else {
-        device_list_movement(state, &me.user_id, since.stream, now.stream).await?
+    let devices = match &reuse {
+        Some(r) if !r.moved.device_lists && !r.moved.any_membership => r.pass.devices.clone(),
+        _ if initial => (Vec::new(), Vec::new(), Vec::new()),
+        _ => device_list_movement(state, &me.user_id, since.stream, now.stream).await?,
     };
+    let (changed, left, newcomers) = &devices;
     has_news |= !to_device.is_empty() || !changed.is_empty() || !left.is_empty();
-    let otk = crate::account::e2ee::otk_counts_json(window.one_time_keys);
-    let fallback = window.fallback;
+    let otk = crate::account::e2ee::otk_counts_json(window.one_time_keys.clone());
+    let fallback = &window.fallback;
 
     // Nobody has set a presence: no need to look up who shares a room.
     let presence = if state.presence.is_empty() {
@@ -419,7 +487,7 @@ async fn build(
         let mut seen = state.presence.events(&peers, req.since.map(|s| s.stream), now.stream, now_ms);
         // Those who newly share a room: their presence as it stands, even
         // if it did not change in the window.
-        for event in state.presence.events(&newcomers, None, now.stream, now_ms) {
+        for event in state.presence.events(newcomers, None, now.stream, now_ms) {
             if !seen.iter().any(|e| e["sender"] == event["sender"]) {
                 seen.push(event);
             }
@@ -438,7 +506,7 @@ async fn build(
         "device_one_time_keys_count": otk,
         "device_unused_fallback_key_types": fallback,
     });
-    Ok((body, has_news))
+    Ok((body, has_news, Pass { now, rooms, account, window, devices }))
 }
 
 /// The timeline of a room between two seqs: up to `limit` readable events

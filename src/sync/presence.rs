@@ -24,7 +24,7 @@ pub async fn update(
     }
     let reservation = state.streams.reserve();
     state.presence.set(user.as_str(), presence, status_msg, crate::storage::now_ms(), reservation.pos);
-    drop(reservation);
+    reservation.finish(crate::streams::Change::Presence);
     let peers = super::room_peers(state, user).await?;
     state.notifier.wake(peers.iter().map(String::as_str));
     Ok(())

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::room::read;
 use crate::state::AppState;
 use crate::storage::{self, account_data, receipts};
+use crate::streams::Change;
 
 /// Sets account data (`room_id` `None` for global) and wakes the user.
 pub async fn set_account_data(
@@ -34,7 +35,7 @@ pub async fn set_account_data(
         reservation.pos,
     )
     .await?;
-    drop(reservation);
+    reservation.finish(Change::AccountData { user: user.to_string() });
     state.notifier.wake([user.as_str()]);
     Ok(())
 }
@@ -67,7 +68,7 @@ pub async fn set_receipt(
     };
     let reservation = state.streams.reserve();
     receipts::put(&state.db, &receipt, reservation.pos).await?;
-    drop(reservation);
+    reservation.finish(Change::Receipt { room: room_id.to_string() });
     if receipt_type == "m.read.private" {
         state.notifier.wake([user.as_str()]);
     } else {

@@ -18,6 +18,7 @@ use crate::api::extract::{Ruma, route_json};
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::{devices, events, keys};
+use crate::streams::Change;
 
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route_json(router, upload);
@@ -112,10 +113,13 @@ async fn claim(state: AppState, req: Ruma<claim_keys::v3::Request>) -> Result<Va
         let mut per_device = Map::new();
         for (device, algorithm) in devices {
             let (u, d, a) = (user.as_str(), device.as_str(), algorithm.as_str());
+            // The owner's key counts move: a position says so to their syncs.
+            let reservation = state.streams.reserve();
             let key = match keys::claim_one_time_key(&state.db, u, d, a).await? {
                 Some(k) => Some(k),
                 None => keys::use_fallback_key(&state.db, u, d, a).await?,
             };
+            reservation.finish(Change::Keys { user: u.to_owned() });
             if let Some((key_id, text)) = key {
                 per_device.insert(
                     d.to_owned(),
@@ -248,7 +252,7 @@ async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Req
         }
     }
     tx.commit().await?;
-    drop(reservation);
+    reservation.finish(Change::ToDevice { users: recipients.keys().cloned().collect() });
     state.notifier.wake(recipients.keys().map(String::as_str));
     Ok(json!({}))
 }
