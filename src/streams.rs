@@ -25,6 +25,7 @@
 //! its target by name (they may not watch the room yet, or any more).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -189,6 +190,8 @@ impl Streams {
 #[derive(Debug, Default)]
 pub struct Notifier {
     users: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Requests waiting for a wake-up now.
+    waiting: AtomicUsize,
     /// Per room, the users with a waiting request watching it (and how many).
     rooms: Mutex<HashMap<String, HashMap<String, usize>>>,
 }
@@ -199,6 +202,18 @@ pub struct RoomWatch<'a> {
     notifier: &'a Notifier,
     user: String,
     rooms: Vec<String>,
+}
+
+/// A request counted as waiting (see [`Notifier::waiting`]).
+#[derive(Debug)]
+pub struct Waiting<'a> {
+    notifier: &'a Notifier,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.notifier.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Drop for RoomWatch<'_> {
@@ -237,6 +252,17 @@ impl Notifier {
             *map.entry(room.clone()).or_default().entry(user.to_owned()).or_default() += 1;
         }
         RoomWatch { notifier: self, user: user.to_owned(), rooms }
+    }
+
+    /// Counts a request as waiting until the guard is dropped.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        Waiting { notifier: self }
+    }
+
+    /// How many requests are waiting for a wake-up now.
+    pub fn waiting_now(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Wakes the requests watching `room` and those of `also`.

@@ -371,9 +371,9 @@ mod media_tests;
 #[cfg(test)]
 mod search_tests;
 #[cfg(test)]
-mod sparse_tests;
+pub(crate) mod sparse_tests;
 #[cfg(test)]
-mod state_tests;
+pub(crate) mod state_tests;
 
 #[cfg(test)]
 mod tests {

@@ -30,7 +30,7 @@ use crate::state::AppState;
 
 const ORIGIN_SQL: &str = "4611686018427387904";
 
-pub(super) async fn app_state(url: &str, data_dir: &Path, migrated_to: i64) -> AppState {
+pub(crate) async fn app_state(url: &str, data_dir: &Path, migrated_to: i64) -> AppState {
     let mut config = Config {
         server_name: "sparse.test".into(),
         data_dir: data_dir.to_owned(),
@@ -46,7 +46,13 @@ pub(super) async fn app_state(url: &str, data_dir: &Path, migrated_to: i64) -> A
     AppState::new(settings, db, key, last_stream, HashSet::new(), outbound)
 }
 
-async fn call(app: &Router, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn call(
+    app: &Router,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let builder =
         http::Request::builder().method(method).uri(path).header("authorization", format!("Bearer {token}"));
     let mut request = match body {

@@ -12,9 +12,9 @@ use super::{Db, dag, rooms, state_runs};
 use crate::config::SqliteSynchronous;
 
 /// A database for one test run, removed by [`Fresh::finish`].
-pub(super) struct Fresh {
-    pub(super) label: &'static str,
-    pub(super) url: String,
+pub(crate) struct Fresh {
+    pub(crate) label: &'static str,
+    pub(crate) url: String,
     dir: Option<std::path::PathBuf>,
     pg_schema: Option<(String, String)>,
 }
@@ -29,7 +29,7 @@ fn unique(prefix: &str) -> String {
 }
 
 /// SQLite always; PostgreSQL when `SEQLINE_TEST_POSTGRES_URL` is set.
-pub(super) async fn backends() -> Vec<Fresh> {
+pub(crate) async fn backends() -> Vec<Fresh> {
     let dir = std::env::temp_dir().join(unique("seqline-state"));
     std::fs::create_dir_all(&dir).unwrap();
     let mut out = vec![Fresh {

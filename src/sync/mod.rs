@@ -152,7 +152,10 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
         }
         last = Some(pass);
         let remaining = deadline.saturating_duration_since(Instant::now());
-        if !matches!(tokio::time::timeout(remaining, wake.changed()).await, Ok(Ok(()))) {
+        let waiting = state.notifier.waiting();
+        let woken = matches!(tokio::time::timeout(remaining, wake.changed()).await, Ok(Ok(())));
+        drop(waiting);
+        if !woken {
             // Timed out: one last pass for what landed meanwhile.
             final_pass = true;
         }
@@ -836,6 +839,9 @@ async fn summary(state: &AppState, view: &RoomView, me: &UserId) -> Result<Value
     }
     Ok(summary)
 }
+
+#[cfg(test)]
+mod wake_tests;
 
 #[cfg(test)]
 mod tests {

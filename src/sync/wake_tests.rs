@@ -1,0 +1,116 @@
+//! A woken long-poll reads again only what moved while it waited
+//! ([`crate::streams::Streams::changes_between`]). These tests hold the
+//! request until it is waiting (its first pass done), then change something
+//! that does not wake it (a claim of its one-time keys), then wake it or let
+//! it time out: the answer must count the claim either way. In-process, so
+//! the moment the request waits can be seen.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use serde_json::{Value, json};
+
+use crate::state::AppState;
+use crate::storage::keys;
+use crate::storage::sparse_tests::{app_state, call};
+use crate::storage::state_tests::backends;
+
+/// Waits until `n` requests wait for a wake-up.
+async fn until_waiting(state: &AppState, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.notifier.waiting_now() != n {
+        assert!(Instant::now() < deadline, "no request started waiting");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn otk_count(body: &Value) -> &Value {
+    &body["device_one_time_keys_count"]["signed_curve25519"]
+}
+
+/// A long-poll from `since` in a task of its own.
+fn long_poll(
+    app: &Router,
+    token: &str,
+    since: &str,
+    timeout_ms: u64,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (app, token) = (app.clone(), token.to_owned());
+    let path = format!("/_matrix/client/v3/sync?since={since}&timeout={timeout_ms}");
+    tokio::spawn(async move { call(&app, "GET", &path, &token, None).await })
+}
+
+#[tokio::test]
+async fn a_claim_while_a_sync_waits_is_counted_when_it_wakes_or_times_out() {
+    for fresh in backends().await {
+        let data_dir =
+            std::env::temp_dir().join(format!("seqline-wake-{}-{}", std::process::id(), fresh.label));
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let state = app_state(&fresh.url, &data_dir, i64::MAX).await;
+        let app = crate::api::router(state.clone());
+        let mut sessions = Vec::new();
+        for name in ["alice", "bob"] {
+            let user = crate::account::create_user(&state, name, None, false).await.unwrap();
+            sessions
+                .push(crate::account::issue_session(&state, &user, None, None, None, false).await.unwrap());
+        }
+        let (alice, bob) = (&sessions[0], &sessions[1]);
+        let (a, d) = (alice.user_id.as_str(), alice.device_id.as_str());
+        for id in ["AAAA", "AAAB", "AAAC"] {
+            keys::add_one_time_key(
+                &state.db,
+                a,
+                d,
+                &format!("signed_curve25519:{id}"),
+                "signed_curve25519",
+                "{}",
+            )
+            .await
+            .unwrap();
+        }
+        let (status, body) = call(
+            &app,
+            "POST",
+            "/_matrix/client/v3/createRoom",
+            &alice.access_token,
+            Some(json!({ "preset": "public_chat" })),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let room = body["room_id"].as_str().unwrap().to_owned();
+        let join = format!("/_matrix/client/v3/join/{room}");
+        assert_eq!(call(&app, "POST", &join, &bob.access_token, Some(json!({}))).await.0, 200);
+        let (_, first) = call(&app, "GET", "/_matrix/client/v3/sync", &alice.access_token, None).await;
+        assert_eq!(otk_count(&first), 3, "{first}");
+        let claim = json!({ "one_time_keys": { a: { d: "signed_curve25519" } } });
+        let claim_path = "/_matrix/client/v3/keys/claim";
+
+        // Woken by a message after a claim that did not wake it.
+        let poll = long_poll(&app, &alice.access_token, first["next_batch"].as_str().unwrap(), 20_000);
+        until_waiting(&state, 1).await;
+        let (status, claimed) = call(&app, "POST", claim_path, &bob.access_token, Some(claim.clone())).await;
+        assert_eq!(status, 200, "{claimed}");
+        assert_eq!(state.notifier.waiting_now(), 1, "a claim wakes no one");
+        let send = format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/t1");
+        let (status, sent) =
+            call(&app, "PUT", &send, &bob.access_token, Some(json!({ "msgtype": "m.text", "body": "hi" })))
+                .await;
+        assert_eq!(status, 200, "{sent}");
+        let (status, body) = poll.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let timeline = &body["rooms"]["join"][&room]["timeline"]["events"];
+        assert_eq!(timeline[0]["event_id"], sent["event_id"], "{body}");
+        assert_eq!(otk_count(&body), 2, "the claim is counted: {body}");
+
+        // Timed out after a claim: the last look counts it too.
+        let poll = long_poll(&app, &alice.access_token, body["next_batch"].as_str().unwrap(), 300);
+        until_waiting(&state, 1).await;
+        let (status, claimed) = call(&app, "POST", claim_path, &bob.access_token, Some(claim)).await;
+        assert_eq!(status, 200, "{claimed}");
+        let (status, body) = poll.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(otk_count(&body), 1, "the claim is counted: {body}");
+        assert_eq!(state.notifier.waiting_now(), 0);
+        std::fs::remove_dir_all(&data_dir).ok();
+    }
+}
