@@ -174,12 +174,16 @@ struct Pass {
     /// The user's rooms, each with whether joined now.
     rooms: Vec<(String, bool)>,
     /// Account data changed, and the push rules and ignored list.
-    account: (Vec<(String, String, String)>, Vec<(String, String)>),
+    account: AccountRead,
     /// To-device messages, key counts and remote invites.
     window: keys::DeviceWindow,
     /// Device lists changed and left, and newcomers.
     devices: (Vec<String>, Vec<String>, Vec<String>),
 }
+
+/// Account data changed in a window ((room, type, content)) and the user's
+/// push rules and ignored list ((type, content)), as one read returns them.
+type AccountRead = (Vec<(String, String, String)>, Vec<(String, String)>);
 
 /// The earlier pass of a woken request, and what moved since.
 struct Reuse<'a> {
