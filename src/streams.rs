@@ -46,9 +46,9 @@ const LOG_SIZE: usize = 4096;
 /// What a write at a stream position changed, as far as `/sync` cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    /// Events in a room; `members` are the targets of membership events
-    /// among them.
-    Room { room: String, members: Vec<String> },
+    /// An event in a room at `seq`: whether it is a state event, and the
+    /// target of a membership event.
+    Room { room: String, seq: i64, state: bool, member: Option<String> },
     /// A receipt in a room.
     Receipt { room: String },
     /// A user's account data.
@@ -66,11 +66,20 @@ pub enum Change {
     Unknown,
 }
 
+/// What moved in one room between two positions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoomMoved {
+    /// The lowest and highest seq of the events there (none: only receipts).
+    pub seqs: Option<(i64, i64)>,
+    /// Some of them are state events.
+    pub state: bool,
+}
+
 /// What moved between two positions, for one user.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Moved {
     /// Rooms with new events or receipts.
-    pub rooms: BTreeSet<String>,
+    pub rooms: BTreeMap<String, RoomMoved>,
     /// The user's own memberships changed (their room list may differ).
     pub my_membership: bool,
     /// Someone's membership changed in some room.
@@ -166,13 +175,16 @@ impl Streams {
         }
         for (_, change) in p.log.range(after + 1..=upto) {
             match change {
-                Change::Room { room, members } => {
-                    moved.rooms.insert(room.clone());
-                    moved.any_membership |= !members.is_empty();
-                    moved.my_membership |= members.iter().any(|m| m == user);
+                Change::Room { room, seq, state, member } => {
+                    let entry = moved.rooms.entry(room.clone()).or_default();
+                    entry.seqs =
+                        Some(entry.seqs.map_or((*seq, *seq), |(lo, hi)| (lo.min(*seq), hi.max(*seq))));
+                    entry.state |= *state;
+                    moved.any_membership |= member.is_some();
+                    moved.my_membership |= member.as_deref() == Some(user);
                 }
                 Change::Receipt { room } => {
-                    moved.rooms.insert(room.clone());
+                    moved.rooms.entry(room.clone()).or_default();
                 }
                 Change::AccountData { user: u } => moved.account_data |= u == user,
                 Change::Keys { user: u } => moved.device |= u == user,
@@ -313,24 +325,31 @@ mod tests {
         let streams = Streams::starting_after(10);
         assert_eq!(streams.changes_between("@a:x", 9, 10), None, "before the log began");
         assert_eq!(streams.changes_between("@a:x", 10, 10), Some(Moved::default()));
-        let room = |room: &str, members: &[&str]| Change::Room {
+        let room = |room: &str, seq: i64, member: Option<&str>| Change::Room {
             room: room.into(),
-            members: members.iter().map(|m| m.to_string()).collect(),
+            seq,
+            state: member.is_some(),
+            member: member.map(str::to_owned),
         };
-        streams.reserve().finish(room("!r:x", &[]));
+        streams.reserve().finish(room("!r:x", 100, None));
         streams.reserve().finish(Change::AccountData { user: "@b:x".into() });
         streams.reserve().finish(Change::ToDevice { users: vec!["@a:x".into()] });
         streams.reserve().finish(Change::Receipt { room: "!s:x".into() });
         let moved = streams.changes_between("@a:x", 10, 14).unwrap();
-        assert_eq!(moved.rooms.iter().collect::<Vec<_>>(), ["!r:x", "!s:x"]);
+        assert_eq!(moved.rooms.keys().collect::<Vec<_>>(), ["!r:x", "!s:x"]);
+        assert_eq!(moved.rooms["!r:x"], RoomMoved { seqs: Some((100, 100)), state: false });
+        assert_eq!(moved.rooms["!s:x"], RoomMoved { seqs: None, state: false }, "a receipt alone");
         assert!(moved.device && !moved.account_data && !moved.my_membership && !moved.any_membership);
         let moved = streams.changes_between("@b:x", 11, 14).unwrap();
         assert!(moved.account_data && !moved.device, "{moved:?}");
         assert_eq!(streams.changes_between("@b:x", 12, 14).unwrap().rooms.len(), 1, "only after 12");
 
-        streams.reserve().finish(room("!r:x", &["@a:x"]));
+        streams.reserve().finish(room("!r:x", 200, Some("@a:x")));
         let moved = streams.changes_between("@b:x", 14, 15).unwrap();
         assert!(moved.any_membership && !moved.my_membership);
+        assert_eq!(moved.rooms["!r:x"], RoomMoved { seqs: Some((200, 200)), state: true });
+        let moved = streams.changes_between("@b:x", 10, 15).unwrap();
+        assert_eq!(moved.rooms["!r:x"].seqs, Some((100, 200)), "the seqs of the window");
         assert!(streams.changes_between("@a:x", 14, 15).unwrap().my_membership);
 
         // A write that did not say what it was: nothing can be skipped.

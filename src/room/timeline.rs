@@ -84,8 +84,9 @@ pub struct RoomWriter {
     state: HashMap<(String, String), Option<Pdu>>,
     /// The same events by id, for the auth-event lookups.
     by_id: HashMap<OwnedEventId, Pdu>,
-    /// Stream positions of the events appended, finished at commit (or drop).
-    reservations: Vec<Reservation>,
+    /// Stream positions of the events appended, finished at commit (or
+    /// drop), each with what its event was.
+    reservations: Vec<(Reservation, AppendedEvent)>,
     /// Seqs appended by this transaction.
     appended: Option<(i64, i64)>,
     /// A state event was appended: the room's read epoch moves at commit.
@@ -154,7 +155,10 @@ impl RoomWriter {
             max_depth: i64::try_from(create.depth).unwrap_or(1),
             state,
             by_id,
-            reservations: vec![create_stream],
+            reservations: vec![(
+                create_stream,
+                AppendedEvent { seq: position::first(), state: true, member: None },
+            )],
             appended: Some((position::first(), position::first())),
             state_changed: true,
             servers: None,
@@ -519,7 +523,9 @@ impl RoomWriter {
         if draft.sender.server_name() != state.settings.server_name {
             self.apply_pending_redactions(&pdu).await?;
         }
-        self.reservations.push(reservation);
+        let member = membership_change.as_ref().map(|(target, _, _)| target.clone());
+        self.reservations
+            .push((reservation, AppendedEvent { seq, state: draft.state_key.is_some(), member }));
         self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));
         self.last_seq = seq;
         self.max_depth = self.max_depth.max(i64::try_from(pdu.depth).unwrap_or(i64::MAX));
@@ -702,9 +708,8 @@ impl RoomWriter {
             .await?;
         tx.commit().await?;
         // What the positions were, for the syncs that wake on them.
-        for (i, reservation) in reservations.into_iter().enumerate() {
-            let members = if i == 0 { targets.clone() } else { Vec::new() };
-            reservation.finish(Change::Room { room: room_id.to_string(), members });
+        for (reservation, AppendedEvent { seq, state, member }) in reservations {
+            reservation.finish(Change::Room { room: room_id.to_string(), seq, state, member });
         }
         Ok((Committed { room_id, appended, destinations, targets }, StateCache::new(last_seq, state, by_id)))
     }
@@ -741,6 +746,14 @@ impl StateCache {
 const MAX_CACHED_STATE: usize = 10_000;
 
 /// Events committed to a room and not yet announced.
+/// What an appended event was, for the change log (see [`Change::Room`]).
+#[derive(Debug)]
+struct AppendedEvent {
+    seq: i64,
+    state: bool,
+    member: Option<String>,
+}
+
 #[must_use = "announce wakes the syncs that wait for these events"]
 struct Committed {
     room_id: OwnedRoomId,

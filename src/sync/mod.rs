@@ -326,7 +326,7 @@ async fn build(
     let probed = match &reuse {
         // Woken: the earlier pass found nothing new in any room, so only
         // those with events or receipts since can have something.
-        Some(r) => Some(r.moved.rooms.iter().cloned().collect()),
+        Some(r) => Some(r.moved.rooms.keys().cloned().collect()),
         None if !initial && !req.full_state && ids.len() > 1 => {
             Some(events::rooms_changed(&state.db, &ids, since.stream, now.stream).await?)
         }
@@ -354,11 +354,17 @@ async fn build(
         let Some(row) = rows.remove(&room_id) else { continue };
         let view = read::view_of(row)?;
         let access = read::access(state, &view, &me.user_id).await?;
-        let (since_seq, now_seq) = if initial {
-            (0, seq_at(state, &room_id, now.stream).await?)
-        } else {
-            events::seqs_at_streams(&state.db, &room_id, since.stream, now.stream).await?
+        // Woken, with events here since the earlier pass found nothing: the
+        // window's own seqs bound what is new (seq and stream grow together in
+        // a room, and nothing between `since` and the earlier pass showed).
+        let moved = reuse.as_ref().and_then(|r| r.moved.rooms.get(&room_id));
+        let (since_seq, now_seq) = match moved.and_then(|m| m.seqs) {
+            _ if initial => (0, seq_at(state, &room_id, now.stream).await?),
+            Some((lo, hi)) => (lo - 1, hi),
+            None => events::seqs_at_streams(&state.db, &room_id, since.stream, now.stream).await?,
         };
+        // No state event in that window: no state changed since `since`.
+        let state_moved = moved.is_none_or(|m| m.state);
         let membership = access.history.at(now_seq).to_owned();
         let data: Vec<Value> = room_data
             .iter()
@@ -367,9 +373,9 @@ async fn build(
             .collect();
         match membership.as_str() {
             "join" => {
+                let seqs = Seqs { since: since_seq, now: now_seq, state_moved };
                 if let Some(room) =
-                    joined_room(state, me, req, &view, &access, since, now, since_seq, now_seq, data, &rules)
-                        .await?
+                    joined_room(state, me, req, &view, &access, since, now, seqs, data, &rules).await?
                 {
                     has_news = true;
                     join.insert(room_id, room);
@@ -548,6 +554,26 @@ async fn timeline(
     Ok((events, limited))
 }
 
+/// A joined room's window of seqs in an incremental sync.
+#[derive(Debug, Clone, Copy)]
+struct Seqs {
+    /// Events after this one are new.
+    since: i64,
+    /// Up to this one.
+    now: i64,
+    /// Whether a state event may have landed in the window (`false` only
+    /// when the change log says none did).
+    state_moved: bool,
+}
+
+/// An incremental state section: what changed after `after`, read only when
+/// `read` (else the change log showed no state event in the window).
+#[derive(Debug, Clone, Copy)]
+struct Changed {
+    after: i64,
+    read: bool,
+}
+
 /// State for the `state` (or `state_after`) section: the state at `at`,
 /// keeping only what changed after `changed_after` unless everything is due,
 /// lazy-loaded to the members the timeline needs.
@@ -559,7 +585,7 @@ async fn state_section(
     view: &RoomView,
     access: &Access,
     at: i64,
-    changed_after: Option<i64>,
+    changed_after: Option<Changed>,
     timeline: &[Loaded],
 ) -> Result<Vec<Value>> {
     if at <= 0 {
@@ -570,8 +596,12 @@ async fn state_section(
     let room_id = view.room.room_id.as_str();
     let rows = match changed_after {
         // Incremental: only what changed since, read from that stretch alone.
-        Some(after) => {
-            let mut rows = events::state_changed_between(&state.db, room_id, after, at).await?;
+        Some(Changed { after, read }) => {
+            let mut rows = if read {
+                events::state_changed_between(&state.db, room_id, after, at).await?
+            } else {
+                Vec::new()
+            };
             if req.filter.lazy_load_members {
                 // The timeline's senders, whatever changed.
                 let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
@@ -612,7 +642,7 @@ async fn state_section(
             let key = loaded.pdu.state_key.as_deref().unwrap_or("");
             let needed = key == me.user_id.as_str()
                 || senders.iter().any(|s| s == key)
-                || changed_after.is_some_and(|after| loaded.stored.seq > after);
+                || changed_after.is_some_and(|c| loaded.stored.seq > c.after);
             if !needed {
                 continue;
             }
@@ -631,11 +661,11 @@ async fn joined_room(
     access: &Access,
     since: Token,
     now: Token,
-    since_seq: i64,
-    now_seq: i64,
+    seqs: Seqs,
     account_data: Vec<Value>,
     rules: &std::sync::Arc<ruma::push::Ruleset>,
 ) -> Result<Option<Value>> {
+    let Seqs { since: since_seq, now: now_seq, state_moved } = seqs;
     let initial = req.since.is_none();
     let room_id = view.room.room_id.as_str();
     let (timeline_events, limited) = timeline(state, view, access, since_seq, now_seq, &req.filter).await?;
@@ -645,7 +675,7 @@ async fn joined_room(
     let newly_joined = !initial && joined_at.is_some_and(|j| j > since_seq);
     let everything = initial || req.full_state || newly_joined;
     let start = timeline_events.first().map_or(now_seq + 1, |e| e.stored.seq);
-    let changed_after = if everything { None } else { Some(since_seq) };
+    let changed_after = if everything { None } else { Some(Changed { after: since_seq, read: state_moved }) };
     let (state_key, state_events) = if let Some(field) = req.state_after {
         (field, state_section(state, me, req, view, access, now_seq, changed_after, &timeline_events).await?)
     } else {
@@ -744,7 +774,7 @@ async fn left_room(
     let (timeline_events, limited) = timeline(state, view, access, since_seq, end, &req.filter).await?;
     let start = timeline_events.first().map_or(end + 1, |e| e.stored.seq);
     let initial_like = req.since.is_none() || req.full_state;
-    let changed_after = if initial_like { None } else { Some(since_seq) };
+    let changed_after = if initial_like { None } else { Some(Changed { after: since_seq, read: true }) };
     let (state_key, state_events) = if let Some(field) = req.state_after {
         (field, state_section(state, me, req, view, access, end, changed_after, &timeline_events).await?)
     } else {

@@ -111,6 +111,22 @@ async fn a_claim_while_a_sync_waits_is_counted_when_it_wakes_or_times_out() {
         assert_eq!(status, 200, "{body}");
         assert_eq!(otk_count(&body), 1, "the claim is counted: {body}");
         assert_eq!(state.notifier.waiting_now(), 0);
+
+        // Woken by a state event: it is in `state_after` (the window's state
+        // is read, not skipped as for a message).
+        let since = body["next_batch"].as_str().unwrap().to_owned();
+        let (app2, token) = (app.clone(), alice.access_token.clone());
+        let path = format!("/_matrix/client/v3/sync?since={since}&timeout=20000&use_state_after=true");
+        let poll = tokio::spawn(async move { call(&app2, "GET", &path, &token, None).await });
+        until_waiting(&state, 1).await;
+        let name = format!("/_matrix/client/v3/rooms/{room}/state/m.room.name/");
+        let (status, named) =
+            call(&app, "PUT", &name, &alice.access_token, Some(json!({ "name": "renamed" }))).await;
+        assert_eq!(status, 200, "{named}");
+        let (status, body) = poll.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let after = &body["rooms"]["join"][&room]["state_after"]["events"];
+        assert!(after.as_array().unwrap().iter().any(|e| e["event_id"] == named["event_id"]), "{body}");
         std::fs::remove_dir_all(&data_dir).ok();
     }
 }
