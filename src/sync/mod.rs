@@ -120,33 +120,45 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
     // What the last pass read besides rooms, kept while the request waits.
     let mut last: Option<Pass> = None;
     let mut final_pass = false;
+    // Times the room list was read again because a membership of the user's
+    // landed while it was read (bounded: a stream of unknown writes must not
+    // keep the request spinning).
+    let mut relisted = 0;
     loop {
         wake.borrow_and_update();
-        // The room list stands while the user's memberships do.
-        let moved = |pass: &Pass, upto: i64| state.streams.changes_between(user, pass.now.stream, upto);
-        let rooms = match &last {
-            Some(pass) if moved(pass, state.streams.position()).is_some_and(|m| !m.my_membership) => {
-                pass.rooms.clone()
+        // The room list read at `listed_at` stands while none of the user's
+        // memberships moved since (an unknown write may have moved one).
+        let list_stands = |at: i64, upto: i64| {
+            state.streams.changes_between(user, at, upto).is_some_and(|m| !m.my_membership)
+        };
+        let (listed_at, rooms) = match &last {
+            Some(pass) if list_stands(pass.listed_at, state.streams.position()) => {
+                (pass.listed_at, pass.rooms.clone())
             }
-            _ => memberships::rooms_joined_of(&state.db, user).await?,
+            _ => {
+                let at = state.streams.position();
+                (at, memberships::rooms_joined_of(&state.db, user).await?)
+            }
         };
         let joined: Vec<String> = rooms.iter().filter(|(_, j)| *j).map(|(r, _)| r.clone()).collect();
         let _watch = state.notifier.watch_rooms(user, joined);
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
-        let reuse = match &last {
-            Some(pass) => match moved(pass, now.stream) {
-                // A membership of the user's landed after the list was read:
-                // read it again (nothing was waited for).
-                Some(m) if m.my_membership && pass.rooms == rooms => {
-                    last = None;
-                    continue;
-                }
-                Some(moved) => Some(Reuse { pass, moved }),
-                None => None,
-            },
-            None => None,
-        };
-        let (body, has_news, pass) = build(state, me, req, now, rooms, reuse).await?;
+        if !list_stands(listed_at, now.stream) && relisted < 3 {
+            // The list may miss a room joined (or hold one left) meanwhile:
+            // read it again before answering (nothing was waited for).
+            relisted += 1;
+            last = None;
+            continue;
+        }
+        // Reads of the earlier pass are kept for the streams that did not
+        // move; a membership of the user's (a join makes older events
+        // readable) means everything is read again.
+        let reuse = last.as_ref().and_then(|pass| {
+            let moved = state.streams.changes_between(user, pass.now.stream, now.stream)?;
+            (!moved.my_membership).then_some(Reuse { pass, moved })
+        });
+        let (body, has_news, mut pass) = build(state, me, req, now, rooms, reuse).await?;
+        pass.listed_at = listed_at;
         if has_news || req.since.is_none() || req.full_state || final_pass || Instant::now() >= deadline {
             return Ok(body);
         }
@@ -171,8 +183,10 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
 struct Pass {
     /// The position the pass read up to.
     now: Token,
-    /// The user's rooms, each with whether joined now.
+    /// The user's rooms, each with whether joined now, as read at `listed_at`.
     rooms: Vec<(String, bool)>,
+    /// A position at or below which every membership was in the room list.
+    listed_at: i64,
     /// Account data changed, and the push rules and ignored list.
     account: AccountRead,
     /// To-device messages, key counts and remote invites.
@@ -325,12 +339,14 @@ async fn build(
         .collect();
     let probed = match &reuse {
         // Woken: the earlier pass found nothing new in any room, so only
-        // those with events or receipts since can have something.
-        Some(r) => Some(r.moved.rooms.keys().cloned().collect()),
-        None if !initial && !req.full_state && ids.len() > 1 => {
+        // those with events or receipts since can have something. Not when
+        // account data moved: an ignored user no longer ignored shows their
+        // invite, which the earlier pass hid.
+        Some(r) if !r.moved.account_data => Some(r.moved.rooms.keys().cloned().collect()),
+        _ if !initial && !req.full_state && ids.len() > 1 => {
             Some(events::rooms_changed(&state.db, &ids, since.stream, now.stream).await?)
         }
-        None => None,
+        _ => None,
     };
     if let Some(changed) = probed {
         ids.retain(|room| {
@@ -357,8 +373,9 @@ async fn build(
         // Woken, with events here since the earlier pass found nothing: the
         // window's own seqs bound what is new (seq and stream grow together in
         // a room, and nothing between `since` and the earlier pass showed).
+        // Not after a state event, which may change what is readable.
         let moved = reuse.as_ref().and_then(|r| r.moved.rooms.get(&room_id));
-        let (since_seq, now_seq) = match moved.and_then(|m| m.seqs) {
+        let (since_seq, now_seq) = match moved.filter(|m| !m.state).and_then(|m| m.seqs) {
             _ if initial => (0, seq_at(state, &room_id, now.stream).await?),
             Some((lo, hi)) => (lo - 1, hi),
             None => events::seqs_at_streams(&state.db, &room_id, since.stream, now.stream).await?,
@@ -519,7 +536,7 @@ async fn build(
         "device_one_time_keys_count": otk,
         "device_unused_fallback_key_types": fallback,
     });
-    Ok((body, has_news, Pass { now, rooms, account, window, devices }))
+    Ok((body, has_news, Pass { now, rooms, listed_at: now.stream, account, window, devices }))
 }
 
 /// The timeline of a room between two seqs: up to `limit` readable events

@@ -130,3 +130,100 @@ async fn a_claim_while_a_sync_waits_is_counted_when_it_wakes_or_times_out() {
         std::fs::remove_dir_all(&data_dir).ok();
     }
 }
+
+/// A fresh server on `url` with users of these names, each with a session.
+async fn server_with(
+    url: &str,
+    label: &str,
+    names: &[&str],
+) -> (AppState, Router, Vec<crate::account::Session>, std::path::PathBuf) {
+    let data_dir =
+        std::env::temp_dir().join(format!("seqline-wake-{}-{label}-{}", std::process::id(), names[0]));
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let state = app_state(url, &data_dir, i64::MAX).await;
+    let app = crate::api::router(state.clone());
+    let mut sessions = Vec::new();
+    for name in names {
+        let user = crate::account::create_user(&state, name, None, false).await.unwrap();
+        sessions.push(crate::account::issue_session(&state, &user, None, None, None, false).await.unwrap());
+    }
+    (state, app, sessions, data_dir)
+}
+
+async fn ok(app: &Router, method: &str, path: &str, token: &str, body: Value) -> Value {
+    let (status, answer) = call(app, method, path, token, Some(body)).await;
+    assert_eq!(status, 200, "{method} {path}: {answer}");
+    answer
+}
+
+/// Messages sent before a user joins, which they could not read when their
+/// long-poll first looked, are theirs once they join (shared history): the
+/// woken answer carries them, not just the join.
+#[tokio::test]
+async fn a_join_while_a_sync_waits_brings_the_history_it_opens() {
+    for fresh in backends().await {
+        let (state, app, s, dir) = server_with(&fresh.url, fresh.label, &["hjalice", "hjbob"]).await;
+        let (alice, bob) = (&s[0].access_token, &s[1].access_token);
+        let create = json!({ "preset": "public_chat", "initial_state": [
+            { "type": "m.room.history_visibility", "state_key": "", "content": { "history_visibility": "shared" } }
+        ] });
+        let room = ok(&app, "POST", "/_matrix/client/v3/createRoom", bob, create).await["room_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (_, first) = call(&app, "GET", "/_matrix/client/v3/sync", alice, None).await;
+        let mut sent = Vec::new();
+        for i in 0..3 {
+            let path = format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/h{i}");
+            sent.push(
+                ok(&app, "PUT", &path, bob, json!({ "msgtype": "m.text", "body": format!("m{i}") })).await,
+            );
+        }
+        let poll = long_poll(&app, alice, first["next_batch"].as_str().unwrap(), 20_000);
+        until_waiting(&state, 1).await;
+        ok(&app, "POST", &format!("/_matrix/client/v3/join/{room}"), alice, json!({})).await;
+        let (status, body) = poll.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let timeline = body["rooms"]["join"][&room]["timeline"]["events"].as_array().unwrap().clone();
+        let ids: Vec<&Value> = timeline.iter().map(|e| &e["event_id"]).collect();
+        for message in &sent {
+            assert!(ids.contains(&&message["event_id"]), "{message} missing: {body}");
+        }
+        let last = timeline.last().unwrap();
+        assert_eq!(
+            (&last["type"], &last["state_key"]),
+            (&json!("m.room.member"), &json!(s[0].user_id)),
+            "{body}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// An invite from an ignored user is hidden; when the user stops ignoring
+/// them while a long-poll waits, the woken answer shows the invite.
+#[tokio::test]
+async fn an_invite_shows_when_its_sender_is_no_longer_ignored() {
+    for fresh in backends().await {
+        let (state, app, s, dir) = server_with(&fresh.url, fresh.label, &["igalice", "igcarol"]).await;
+        let (alice, carol) = (&s[0].access_token, &s[1].access_token);
+        let (a, c) = (s[0].user_id.as_str(), s[1].user_id.as_str());
+        let ignore = format!("/_matrix/client/v3/user/{a}/account_data/m.ignored_user_list");
+        ok(&app, "PUT", &ignore, alice, json!({ "ignored_users": { c: {} } })).await;
+        let (_, first) = call(&app, "GET", "/_matrix/client/v3/sync", alice, None).await;
+        let room =
+            ok(&app, "POST", "/_matrix/client/v3/createRoom", carol, json!({ "preset": "private_chat" }))
+                .await["room_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        ok(&app, "POST", &format!("/_matrix/client/v3/rooms/{room}/invite"), carol, json!({ "user_id": a }))
+            .await;
+        let poll = long_poll(&app, alice, first["next_batch"].as_str().unwrap(), 20_000);
+        until_waiting(&state, 1).await;
+        ok(&app, "PUT", &ignore, alice, json!({ "ignored_users": {} })).await;
+        let (status, body) = poll.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body["rooms"]["invite"][&room].is_object(), "the invite shows: {body}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
