@@ -28,15 +28,15 @@ async fn wake_peers(state: &AppState, user: &UserId) -> Result<()> {
 
 /// The one-time key counts of a device, as uploads and /sync report them.
 pub async fn otk_counts(state: &AppState, user: &str, device: &str) -> Result<Value> {
-    Ok(otk_counts_json(keys::one_time_key_counts(&state.db, user, device).await?))
+    Ok(otk_counts_json(&keys::one_time_key_counts(&state.db, user, device).await?))
 }
 
 /// `one_time_key_counts` from the stored counts (`signed_curve25519` always there).
-pub fn otk_counts_json(stored: Vec<(String, i64)>) -> Value {
+pub fn otk_counts_json(stored: &[(String, i64)]) -> Value {
     let mut counts = Map::new();
     counts.insert("signed_curve25519".into(), json!(0));
     for (algorithm, n) in stored {
-        counts.insert(algorithm, json!(n));
+        counts.insert(algorithm.clone(), json!(n));
     }
     Value::Object(counts)
 }

@@ -87,16 +87,12 @@ pub struct RoomWriter {
     /// Stream positions of the events appended, finished at commit (or
     /// drop), each with what its event was.
     reservations: Vec<(Reservation, AppendedEvent)>,
-    /// Seqs appended by this transaction.
-    appended: Option<(i64, i64)>,
     /// A state event was appended: the room's read epoch moves at commit.
     state_changed: bool,
     /// The servers with users joined to the room, once loaded.
     servers: Option<Vec<String>>,
     /// Servers this transaction queued events for (woken after commit).
     destinations: std::collections::BTreeSet<String>,
-    /// The targets of the membership events appended (woken by name).
-    targets: Vec<String>,
     tx: RoomTx,
 }
 
@@ -123,11 +119,9 @@ impl RoomWriter {
             state: HashMap::new(),
             by_id: HashMap::new(),
             reservations: Vec::new(),
-            appended: None,
             state_changed: false,
             servers: None,
             destinations: Default::default(),
-            targets: Vec::new(),
             tx,
         })
     }
@@ -159,11 +153,9 @@ impl RoomWriter {
                 create_stream,
                 AppendedEvent { seq: position::first(), state: true, member: None },
             )],
-            appended: Some((position::first(), position::first())),
             state_changed: true,
             servers: None,
             destinations: Default::default(),
-            targets: Vec::new(),
             tx,
         }
     }
@@ -479,7 +471,6 @@ impl RoomWriter {
         let federating = state.settings.federation.is_some() && forward;
         let mut destinations = if federating { self.servers_in_room().await? } else { Vec::new() };
         if let Some((target, old, new)) = &membership_change {
-            self.targets.push(target.clone());
             self.update_ranges(target, old, new, seq).await?;
             self.update_servers(target, old, new).await?;
             if federating {
@@ -526,7 +517,6 @@ impl RoomWriter {
         let member = membership_change.as_ref().map(|(target, _, _)| target.clone());
         self.reservations
             .push((reservation, AppendedEvent { seq, state: draft.state_key.is_some(), member }));
-        self.appended = Some(self.appended.map_or((seq, seq), |(lo, _)| (lo, seq)));
         self.last_seq = seq;
         self.max_depth = self.max_depth.max(i64::try_from(pdu.depth).unwrap_or(i64::MAX));
         // The new event replaces the extremities it points at (all of them
@@ -694,20 +684,21 @@ impl RoomWriter {
             extremities,
             max_depth,
             reservations,
-            appended,
             state_changed,
             mut tx,
             state,
             by_id,
             destinations,
-            targets,
             ..
         } = self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
         rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth, state_changed)
             .await?;
         tx.commit().await?;
-        // What the positions were, for the syncs that wake on them.
+        // The seqs appended and the membership targets, then what each
+        // position was, for the syncs that wake on them.
+        let appended = reservations.first().zip(reservations.last()).map(|((_, a), (_, b))| (a.seq, b.seq));
+        let targets: Vec<String> = reservations.iter().filter_map(|(_, e)| e.member.clone()).collect();
         for (reservation, AppendedEvent { seq, state, member }) in reservations {
             reservation.finish(Change::Room { room: room_id.to_string(), seq, state, member });
         }

@@ -132,8 +132,8 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
             state.streams.changes_between(user, at, upto).is_some_and(|m| !m.my_membership)
         };
         let (listed_at, rooms) = match &last {
-            Some(pass) if list_stands(pass.listed_at, state.streams.position()) => {
-                (pass.listed_at, pass.rooms.clone())
+            Some(pass) if list_stands(pass.listed.at, state.streams.position()) => {
+                (pass.listed.at, pass.listed.rooms.clone())
             }
             _ => {
                 let at = state.streams.position();
@@ -157,8 +157,8 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
             let moved = state.streams.changes_between(user, pass.now.stream, now.stream)?;
             (!moved.my_membership).then_some(Reuse { pass, moved })
         });
-        let (body, has_news, mut pass) = build(state, me, req, now, rooms, reuse).await?;
-        pass.listed_at = listed_at;
+        let (body, has_news, pass) =
+            build(state, me, req, now, Listed { at: listed_at, rooms }, reuse).await?;
         if has_news || req.since.is_none() || req.full_state || final_pass || Instant::now() >= deadline {
             return Ok(body);
         }
@@ -183,16 +183,22 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
 struct Pass {
     /// The position the pass read up to.
     now: Token,
-    /// The user's rooms, each with whether joined now, as read at `listed_at`.
-    rooms: Vec<(String, bool)>,
-    /// A position at or below which every membership was in the room list.
-    listed_at: i64,
+    /// The user's rooms.
+    listed: Listed,
     /// Account data changed, and the push rules and ignored list.
     account: AccountRead,
     /// To-device messages, key counts and remote invites.
     window: keys::DeviceWindow,
     /// Device lists changed and left, and newcomers.
     devices: (Vec<String>, Vec<String>, Vec<String>),
+}
+
+/// The user's rooms, each with whether joined now, and a position at or
+/// below which every membership of theirs is in the list.
+#[derive(Debug)]
+struct Listed {
+    at: i64,
+    rooms: Vec<(String, bool)>,
 }
 
 /// Account data changed in a window ((room, type, content)) and the user's
@@ -275,7 +281,7 @@ async fn build(
     me: &Requester,
     req: &SyncRequest,
     now: Token,
-    rooms: Vec<(String, bool)>,
+    listed: Listed,
     reuse: Option<Reuse<'_>>,
 ) -> Result<(Value, bool, Pass)> {
     let since = req.since.unwrap_or_default();
@@ -329,7 +335,8 @@ async fn build(
     // The rooms the filter lets through; an incremental sync over several
     // looks only into those with something new (one probe for all): the
     // others have nothing to say.
-    let mut ids: Vec<&str> = rooms
+    let mut ids: Vec<&str> = listed
+        .rooms
         .iter()
         .map(|(r, _)| r.as_str())
         .filter(|r| {
@@ -365,7 +372,7 @@ async fn build(
             .collect();
     // In the user's order of rooms; those the filter or the probe left out
     // have no row.
-    for (room_id, _) in &rooms {
+    for (room_id, _) in &listed.rooms {
         let room_id = room_id.clone();
         let Some(row) = rows.remove(&room_id) else { continue };
         let view = read::view_of(row)?;
@@ -486,16 +493,16 @@ async fn build(
     }
 
     let mut next = now;
-    let mut rows = window.to_device.clone();
+    let mut rows = window.to_device.as_slice();
     if rows.len() > TO_DEVICE_PER_SYNC as usize {
-        rows.truncate(TO_DEVICE_PER_SYNC as usize);
+        rows = &rows[..TO_DEVICE_PER_SYNC as usize];
         next.to_device = rows.last().map(|r| r.0);
         has_news = true;
     }
     let to_device: Vec<Value> = rows
-        .into_iter()
+        .iter()
         .map(|(_, sender, kind, content)| {
-            json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(&content).unwrap_or_default() })
+            json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(content).unwrap_or_default() })
         })
         .collect();
     let devices = match &reuse {
@@ -505,7 +512,7 @@ async fn build(
     };
     let (changed, left, newcomers) = &devices;
     has_news |= !to_device.is_empty() || !changed.is_empty() || !left.is_empty();
-    let otk = crate::account::e2ee::otk_counts_json(window.one_time_keys.clone());
+    let otk = crate::account::e2ee::otk_counts_json(&window.one_time_keys);
     let fallback = &window.fallback;
 
     // Nobody has set a presence: no need to look up who shares a room.
@@ -536,7 +543,7 @@ async fn build(
         "device_one_time_keys_count": otk,
         "device_unused_fallback_key_types": fallback,
     });
-    Ok((body, has_news, Pass { now, rooms, listed_at: now.stream, account, window, devices }))
+    Ok((body, has_news, Pass { now, listed, account, window, devices }))
 }
 
 /// The timeline of a room between two seqs: up to `limit` readable events
