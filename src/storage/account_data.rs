@@ -34,7 +34,7 @@ pub async fn get(db: &Db, user_id: &str, room_id: &str, data_type: &str) -> Resu
     .bind(user_id)
     .bind(room_id)
     .bind(data_type)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?)
 }
 
@@ -63,7 +63,7 @@ pub async fn changed_and_wanted(
         query = query.bind(*t);
     }
     let (mut changed, mut wanted) = (Vec::new(), Vec::new());
-    for (room_id, kind, content, is_changed) in query.fetch_all(&db.pool).await? {
+    for (room_id, kind, content, is_changed) in query.fetch_all(&mut db.reader()).await? {
         if room_id.is_empty() && types.contains(&kind.as_str()) {
             wanted.push((kind.clone(), content.clone()));
         }
@@ -78,7 +78,7 @@ pub async fn changed_and_wanted(
 pub async fn put_filter(db: &Db, user_id: &str, filter: &str) -> Result<String> {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM filters WHERE user_id = $1")
         .bind(user_id)
-        .fetch_one(&db.pool)
+        .fetch_one(&mut db.reader())
         .await?;
     let id = format!("f{n}");
     sqlx::query("INSERT INTO filters (user_id, filter_id, filter) VALUES ($1, $2, $3)")
@@ -95,7 +95,7 @@ pub async fn get_filter(db: &Db, user_id: &str, filter_id: &str) -> Result<Optio
     Ok(sqlx::query_scalar("SELECT filter FROM filters WHERE user_id = $1 AND filter_id = $2")
         .bind(user_id)
         .bind(filter_id)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut db.reader())
         .await?)
 }
 
@@ -106,7 +106,7 @@ pub async fn max_stream(db: &Db) -> Result<i64> {
     {
         let m: Option<i64> =
             sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT MAX(stream) FROM {table}")))
-                .fetch_one(&db.pool)
+                .fetch_one(&mut db.reader())
                 .await?;
         max = max.max(m.unwrap_or(0));
     }
@@ -117,7 +117,7 @@ pub async fn max_stream(db: &Db) -> Result<i64> {
 pub async fn pushers(db: &Db, user_id: &str) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar("SELECT pusher FROM pushers WHERE user_id = $1 ORDER BY app_id, pushkey")
         .bind(user_id)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?)
 }
 
@@ -197,5 +197,5 @@ pub async fn delete_pusher(db: &Db, user_id: &str, app_id: &str, pushkey: &str) 
 
 /// Users with at least one pusher.
 pub async fn pusher_users(db: &Db) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("SELECT DISTINCT user_id FROM pushers").fetch_all(&db.pool).await?)
+    Ok(sqlx::query_scalar("SELECT DISTINCT user_id FROM pushers").fetch_all(&mut db.reader()).await?)
 }

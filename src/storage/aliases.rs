@@ -38,7 +38,7 @@ pub async fn create_tx(
 pub async fn get(db: &Db, alias: &str) -> Result<Option<(String, String)>> {
     Ok(sqlx::query_as("SELECT room_id, creator FROM room_aliases WHERE alias = $1")
         .bind(alias)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut db.reader())
         .await?)
 }
 
@@ -52,6 +52,6 @@ pub async fn delete(db: &Db, alias: &str) -> Result<bool> {
 pub async fn for_room(db: &Db, room_id: &str) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar("SELECT alias FROM room_aliases WHERE room_id = $1 ORDER BY alias")
         .bind(room_id)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?)
 }

@@ -31,7 +31,7 @@ pub async fn bottom_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Option
     let Some(lowest) = lowest else { return Ok(None) };
     let missing: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT x.prev_id FROM \
-           (SELECT event_id FROM events WHERE room_id = $1 ORDER BY seq LIMIT $2) low \
+           (SELECT event_id FROM events WHERE room_id = $1 ORDER BY seq LIMIT $2 + 0) low \
          JOIN event_edges x ON x.event_id = low.event_id \
          WHERE NOT EXISTS (SELECT 1 FROM events p WHERE p.event_id = x.prev_id) \
          ORDER BY x.prev_id",

@@ -94,13 +94,16 @@ pub(super) async fn auth_chain_ids_capped(db: &Db, event_ids: &[&str], cap: usiz
         "WITH RECURSIVE chain(id) AS ( \
              SELECT a.auth_id FROM event_auth_edges a WHERE a.event_id IN ({seeds}) \
              UNION {step} \
-         ) SELECT id FROM chain LIMIT $2"
+         ) SELECT id FROM chain LIMIT $2 + 0"
     );
     let seeds =
         serde_json::to_string(event_ids).map_err(|e| Error::Internal(format!("auth chain seeds: {e}")))?;
     let limit = i64::try_from(cap).unwrap_or(i64::MAX - 1) + 1;
-    let ids: Vec<String> =
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(seeds).bind(limit).fetch_all(&db.pool).await?;
+    let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(seeds)
+        .bind(limit)
+        .fetch_all(&mut db.reader())
+        .await?;
     if ids.len() > cap {
         return Err(Error::TooLarge(format!("The auth chain has more than {cap} events")));
     }
@@ -120,7 +123,7 @@ pub async fn missing(db: &Db, event_ids: &[&str]) -> Result<Vec<String>> {
         for id in chunk {
             query = query.bind(*id);
         }
-        held.extend(query.fetch_all(&db.pool).await?);
+        held.extend(query.fetch_all(&mut db.reader()).await?);
     }
     let mut seen = HashSet::new();
     Ok(event_ids

@@ -97,7 +97,7 @@ pub async fn by_token(db: &Db, token_hash: &str) -> Result<Option<TokenOwner>> {
          WHERE d.token_hash = $1 AND u.deactivated = 0",
     )
     .bind(token_hash)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.map(|(user_id, device_id, is_admin, last_seen_ts, expires_ts, prev_refresh)| TokenOwner {
         user_id,
@@ -191,7 +191,7 @@ pub async fn list(db: &Db, user_id: &str) -> Result<Vec<DeviceRow>> {
          WHERE user_id = $1 ORDER BY device_id",
     )
     .bind(user_id)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows.into_iter().map(row).collect())
 }
@@ -204,7 +204,7 @@ pub async fn get(db: &Db, user_id: &str, device_id: &str) -> Result<Option<Devic
     )
     .bind(user_id)
     .bind(device_id)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(r.map(row))
 }

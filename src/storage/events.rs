@@ -208,7 +208,7 @@ pub async fn current_state(db: &Db, room_id: &str) -> Result<Vec<StoredEvent>> {
          WHERE r.room_id = $1 ORDER BY 2, r.event_type, r.state_key"
     )))
     .bind(room_id)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
@@ -222,7 +222,7 @@ pub async fn current_state_of_type(db: &Db, room_id: &str, event_type: &str) -> 
     )))
     .bind(room_id)
     .bind(event_type)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
@@ -234,13 +234,13 @@ pub async fn state_event(
     event_type: &str,
     state_key: &str,
 ) -> Result<Option<StoredEvent>> {
-    let mut conn = db.pool.acquire().await?;
+    let mut conn = db.read_conn().await?;
     current_state_event(&mut conn, room_id, event_type, state_key).await
 }
 
 /// One event by id.
 pub async fn by_id(db: &Db, event_id: &str) -> Result<Option<StoredEvent>> {
-    let mut conn = db.pool.acquire().await?;
+    let mut conn = db.read_conn().await?;
     by_id_tx(&mut conn, event_id).await
 }
 
@@ -317,7 +317,7 @@ pub async fn rooms_with_membership(db: &Db, user_id: &str, membership: &str) -> 
     )
     .bind(user_id)
     .bind(membership)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 
@@ -328,7 +328,7 @@ pub async fn current_membership(db: &Db, room_id: &str, user_id: &str) -> Result
     )
     .bind(room_id)
     .bind(user_id)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.flatten())
 }
@@ -380,7 +380,7 @@ pub async fn state_changes(
     .bind(room_id)
     .bind(event_type)
     .bind(state_key)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 
@@ -391,7 +391,7 @@ pub async fn state_changes(
 pub async fn nth_before(conn: &mut AnyConnection, room_id: &str, seq: i64, n: i64) -> Result<Option<i64>> {
     Ok(sqlx::query_scalar(
         "SELECT MIN(w.seq) FROM (SELECT seq FROM events WHERE room_id = $1 AND seq < $2 \
-         ORDER BY seq DESC LIMIT $3) w",
+         ORDER BY seq DESC LIMIT $3 + 0) w",
     )
     .bind(room_id)
     .bind(seq)
@@ -408,7 +408,7 @@ pub async fn first_seq_since(db: &Db, room_id: &str, ts: i64) -> Result<Option<i
     )
     .bind(room_id)
     .bind(ts)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?)
 }
 
@@ -429,13 +429,13 @@ pub async fn range(
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS}, CASE WHEN EXISTS (SELECT 1 FROM event_relations x \
                WHERE x.room_id = e.room_id AND x.relates_to_id = e.event_id) THEN 1 ELSE 0 END \
-             FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 ORDER BY e.seq {order} LIMIT $4"
+             FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 ORDER BY e.seq {order} LIMIT $4 + 0"
         )))
         .bind(room_id)
         .bind(lo)
         .bind(hi)
         .bind(limit)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?;
     Ok(rows
         .into_iter()
@@ -478,14 +478,14 @@ pub async fn unread_candidates(
     };
     let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM events e WHERE e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 \
-         AND e.sender <> $4 {members} ORDER BY e.seq DESC LIMIT $5"
+         AND e.sender <> $4 {members} ORDER BY e.seq DESC LIMIT $5 + 0"
     )))
     .bind(room_id)
     .bind(lo)
     .bind(hi)
     .bind(skip.sender)
     .bind(limit)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows.into_iter().map(from_row).collect())
 }
@@ -502,7 +502,7 @@ pub async fn by_ids(db: &Db, ids: &[&str]) -> Result<Vec<StoredEvent>> {
         for id in chunk {
             query = query.bind(*id);
         }
-        out.extend(query.fetch_all(&db.pool).await?.into_iter().map(from_row));
+        out.extend(query.fetch_all(&mut db.reader()).await?.into_iter().map(from_row));
     }
     Ok(out)
 }
@@ -519,7 +519,7 @@ pub async fn at_seqs(db: &Db, room_id: &str, seqs: &[i64]) -> Result<Vec<StoredE
         for seq in chunk {
             query = query.bind(*seq);
         }
-        out.extend(query.fetch_all(&db.pool).await?.into_iter().map(from_row));
+        out.extend(query.fetch_all(&mut db.reader()).await?.into_iter().map(from_row));
     }
     Ok(out)
 }
@@ -542,7 +542,7 @@ async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<
     let rows: Vec<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql::state_at(extra)))
         .bind(room_id)
         .bind(at)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?;
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
@@ -561,7 +561,7 @@ pub async fn members_at(db: &Db, room_id: &str, users: &[&str], at: i64) -> Resu
         for user in chunk {
             query = query.bind(*user);
         }
-        out.extend(query.fetch_all(&db.pool).await?.into_iter().filter_map(from_run_row));
+        out.extend(query.fetch_all(&mut db.reader()).await?.into_iter().filter_map(from_run_row));
     }
     out.sort_by_key(|e| e.seq);
     Ok(out)
@@ -580,7 +580,7 @@ pub async fn state_event_at(
         .bind(event_type)
         .bind(state_key)
         .bind(at)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut db.reader())
         .await?;
     Ok(row.and_then(from_run_row))
 }
@@ -595,7 +595,7 @@ pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) 
         .bind(room_id)
         .bind(after)
         .bind(at)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?;
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
@@ -683,7 +683,7 @@ pub async fn member_counts(db: &Db, room_id: &str) -> Result<Vec<(String, i64)>>
          AND membership IS NOT NULL GROUP BY membership",
     )
     .bind(room_id)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 
@@ -691,11 +691,11 @@ pub async fn member_counts(db: &Db, room_id: &str) -> Result<Vec<(String, i64)>>
 pub async fn some_members(db: &Db, room_id: &str, limit: i64) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar(
         "SELECT state_key FROM room_state WHERE room_id = $1 AND event_type = 'm.room.member' \
-         AND membership IN ('join', 'invite') ORDER BY state_key LIMIT $2",
+         AND membership IN ('join', 'invite') ORDER BY state_key LIMIT $2 + 0",
     )
     .bind(room_id)
     .bind(limit)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 
@@ -716,7 +716,7 @@ pub async fn rooms_changed(db: &Db, rooms: &[&str], after: i64, upto: i64) -> Re
         for room in chunk {
             query = query.bind(*room);
         }
-        out.extend(query.fetch_all(&db.pool).await?);
+        out.extend(query.fetch_all(&mut db.reader()).await?);
     }
     Ok(out)
 }
@@ -732,7 +732,7 @@ pub async fn seqs_at_streams(db: &Db, room_id: &str, a: i64, b: i64) -> Result<(
     .bind(room_id)
     .bind(a)
     .bind(b)
-    .fetch_one(&db.pool)
+    .fetch_one(&mut db.reader())
     .await?;
     Ok((x.unwrap_or(0), y.unwrap_or(0)))
 }
@@ -748,7 +748,7 @@ pub async fn seq_at_stream(db: &Db, room_id: &str, stream: i64) -> Result<i64> {
     )
     .bind(room_id)
     .bind(stream)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(seq.unwrap_or(0))
 }
@@ -784,7 +784,7 @@ pub async fn joined_members(db: &Db, room_id: &str) -> Result<Vec<String>> {
          AND membership = 'join'",
     );
     let joined: Option<String> =
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(room_id).fetch_one(&db.pool).await?;
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(room_id).fetch_one(&mut db.reader()).await?;
     Ok(super::split_column(joined))
 }
 
@@ -810,7 +810,7 @@ pub async fn device_list_window(
         .bind(user)
         .bind(after)
         .bind(upto)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?;
     let (mut changed, mut movers) = (Vec::new(), Vec::new());
     for (who, membership, kind) in rows {
@@ -828,7 +828,7 @@ pub async fn device_list_window(
 async fn room_peers_inner(db: &Db, user: &str) -> Result<Vec<String>> {
     let sql = db.joined_column(sql::ROOM_PEERS);
     let joined: Option<String> =
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(user).fetch_one(&db.pool).await?;
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(user).fetch_one(&mut db.reader()).await?;
     let mut peers = super::split_column(joined);
     if !peers.iter().any(|p| p == user) {
         peers.push(user.to_owned());

@@ -55,7 +55,7 @@ pub async fn server_in_room(db: &Db, room_id: &str, server_name: &str) -> Result
         sqlx::query_scalar("SELECT joined FROM room_servers WHERE room_id = $1 AND server_name = $2")
             .bind(room_id)
             .bind(server_name)
-            .fetch_optional(&db.pool)
+            .fetch_optional(&mut db.reader())
             .await?;
     Ok(joined.is_some_and(|n| n > 0))
 }
@@ -80,7 +80,7 @@ pub async fn enqueue(
 
 /// The destinations with something queued.
 pub async fn destinations_with_work(db: &Db) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("SELECT DISTINCT destination FROM fed_outbox").fetch_all(&db.pool).await?)
+    Ok(sqlx::query_scalar("SELECT DISTINCT destination FROM fed_outbox").fetch_all(&mut db.reader()).await?)
 }
 
 /// The transaction to send to `destination` next: the one already begun
@@ -103,7 +103,7 @@ pub async fn next_transaction(
         Some(id) => id,
         None => {
             let ids: Vec<i64> = sqlx::query_scalar(
-                "SELECT id FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2",
+                "SELECT id FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0",
             )
             .bind(destination)
             .bind(limit)
@@ -183,7 +183,7 @@ pub async fn transaction_failed(
 pub async fn retry_at(db: &Db, destination: &str) -> Result<i64> {
     Ok(sqlx::query_scalar("SELECT retry_at FROM fed_destinations WHERE server_name = $1")
         .bind(destination)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut db.reader())
         .await?
         .unwrap_or(0))
 }
@@ -203,7 +203,7 @@ pub async fn inbound_txn(db: &Db, origin: &str, txn_id: &str) -> Result<Option<S
     Ok(sqlx::query_scalar("SELECT response FROM fed_inbound_txns WHERE origin = $1 AND txn_id = $2")
         .bind(origin)
         .bind(txn_id)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut db.reader())
         .await?)
 }
 
@@ -289,7 +289,7 @@ pub async fn remote_invite(db: &Db, user_id: &str, room_id: &str) -> Result<Opti
     )))
     .bind(user_id)
     .bind(room_id)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.map(invite_from))
 }
@@ -308,7 +308,7 @@ pub async fn remote_invites_changed(
     .bind(user_id)
     .bind(after)
     .bind(upto)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows.into_iter().map(invite_from).collect())
 }

@@ -24,7 +24,7 @@ pub async fn put_device_keys(db: &Db, user: &str, device: &str, keys: &str) -> R
 pub async fn device_keys(db: &Db, user: &str) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as("SELECT device_id, keys FROM device_keys WHERE user_id = $1 ORDER BY device_id")
         .bind(user)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?)
 }
 
@@ -61,7 +61,7 @@ pub async fn one_time_key_counts(db: &Db, user: &str, device: &str) -> Result<Ve
     )
     .bind(user)
     .bind(device)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 
@@ -132,7 +132,7 @@ pub async fn use_fallback_key(
     .bind(user)
     .bind(device)
     .bind(algorithm)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     if row.is_some() {
         sqlx::query(
@@ -166,7 +166,7 @@ pub async fn cross_signing_key(db: &Db, user: &str, key_type: &str) -> Result<Op
     Ok(sqlx::query_scalar("SELECT key FROM cross_signing_keys WHERE user_id = $1 AND key_type = $2")
         .bind(user)
         .bind(key_type)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut db.reader())
         .await?)
 }
 
@@ -215,7 +215,7 @@ pub async fn key_signatures(db: &Db, target_user: &str) -> Result<Vec<KeySignatu
          WHERE target_user_id = $1 ORDER BY target_key_id, signer_user_id, signer_key_id",
     )
     .bind(target_user)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows
         .into_iter()
@@ -368,7 +368,7 @@ pub async fn device_window(
 ) -> Result<DeviceWindow> {
     let rows: Vec<WindowRow> = sqlx::query_as(
         "SELECT * FROM (SELECT 0, stream, sender, event_type, content, '', '', '', 0 FROM to_device \
-           WHERE user_id = $1 AND device_id = $2 AND stream > $3 AND stream <= $4 ORDER BY stream LIMIT $5) t \
+           WHERE user_id = $1 AND device_id = $2 AND stream > $3 AND stream <= $4 ORDER BY stream LIMIT $5 + 0) t \
          UNION ALL \
          SELECT 1, 0, algorithm, '', '', '', '', '', COUNT(*) FROM one_time_keys \
            WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm \
@@ -386,7 +386,7 @@ pub async fn device_window(
     .bind(upto)
     .bind(limit)
     .bind(invites_after)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     let mut out = DeviceWindow::default();
     for (part, stream, a, b, c, d, e, f, n) in rows {

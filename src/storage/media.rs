@@ -60,7 +60,7 @@ pub async fn oldest_pending(db: &Db, uploader: &str, since: i64) -> Result<Optio
     )
     .bind(uploader)
     .bind(since)
-    .fetch_one(&db.pool)
+    .fetch_one(&mut db.reader())
     .await?;
     Ok(row.0)
 }
@@ -130,7 +130,7 @@ pub async fn get(db: &Db, media_id: &str) -> Result<Option<MediaRow>> {
         "SELECT uploader, content_type, filename, uploaded, created_ts FROM media WHERE media_id = $1",
     )
     .bind(media_id)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.map(|(uploader, content_type, filename, uploaded, created_ts)| MediaRow {
         uploader,
@@ -147,7 +147,7 @@ pub async fn cached_preview(db: &Db, url: &str, now: i64) -> Result<Option<Strin
         sqlx::query_as("SELECT preview FROM url_previews WHERE url = $1 AND expires_ts > $2")
             .bind(url)
             .bind(now)
-            .fetch_optional(&db.pool)
+            .fetch_optional(&mut db.reader())
             .await?;
     Ok(row.map(|r| r.0))
 }
@@ -174,11 +174,11 @@ pub async fn cache_preview(db: &Db, url: &str, preview: &str, now: i64, expires:
 /// Up to `limit` media ids whose time ran out by `now`.
 pub async fn expired(db: &Db, now: i64, limit: i64) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar(
-        "SELECT media_id FROM media WHERE expires_ts IS NOT NULL AND expires_ts <= $1 ORDER BY expires_ts LIMIT $2",
+        "SELECT media_id FROM media WHERE expires_ts IS NOT NULL AND expires_ts <= $1 ORDER BY expires_ts LIMIT $2 + 0",
     )
     .bind(now)
     .bind(limit)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 

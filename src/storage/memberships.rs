@@ -92,7 +92,7 @@ pub async fn ranges_and_floor(db: &Db, room_id: &str, user_id: &str) -> Result<(
     )
     .bind(room_id)
     .bind(user_id)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     let (floor, ranges): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.0 == "floor");
     Ok((to_ranges(ranges), floor.first().map_or(0, |r| r.1)))
@@ -145,7 +145,7 @@ pub async fn is_forgotten(db: &Db, user_id: &str, room_id: &str) -> Result<bool>
         sqlx::query_scalar("SELECT COUNT(*) FROM forgotten_rooms WHERE user_id = $1 AND room_id = $2")
             .bind(user_id)
             .bind(room_id)
-            .fetch_one(&db.pool)
+            .fetch_one(&mut db.reader())
             .await?;
     Ok(n > 0)
 }
@@ -161,7 +161,7 @@ pub async fn holders_between(db: &Db, room_id: &str, lo: i64, hi: i64) -> Result
         .bind(room_id)
         .bind(lo)
         .bind(hi)
-        .fetch_one(&db.pool)
+        .fetch_one(&mut db.reader())
         .await?;
     Ok(super::split_column(joined))
 }
@@ -177,7 +177,7 @@ pub async fn rooms_joined_of(db: &Db, user_id: &str) -> Result<Vec<(String, bool
          GROUP BY m.room_id ORDER BY m.room_id",
     )
     .bind(user_id)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows.into_iter().map(|(room, joined)| (room, joined != 0)).collect())
 }
@@ -191,7 +191,7 @@ pub async fn server_ranges(db: &Db, room_id: &str, server_name: &str) -> Result<
     )
     .bind(room_id)
     .bind(server_name)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(to_ranges(rows))
 }

@@ -19,6 +19,7 @@ pub mod keys;
 pub mod media;
 pub mod memberships;
 pub mod outliers;
+pub mod reader;
 pub mod receipts;
 pub mod relations;
 pub mod rooms;
@@ -59,6 +60,8 @@ pub struct Db {
     /// SQLite has one writer at a time: room writes queue here instead of
     /// spinning on SQLITE_BUSY. Unused on PostgreSQL, which locks the room row.
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
+    /// Permits for connections held through a burst of reads ([`Db::pinned`]).
+    pins: Arc<tokio::sync::Semaphore>,
     /// SQLite: the task that checkpoints the WAL, stopped with the last handle.
     _checkpointer: Option<Arc<AbortOnDrop>>,
 }
@@ -231,10 +234,14 @@ impl Db {
         };
         let options = AnyConnectOptions::from_str(&url)?;
         let pool_options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30));
+        let max_connections = match backend {
+            Backend::Sqlite => 8,
+            Backend::Postgres => 16,
+        };
+        let pool_options = pool_options.max_connections(max_connections);
         let pool = match backend {
             Backend::Sqlite => {
                 pool_options
-                    .max_connections(8)
                     // A ping before every checkout is one more hand-off to the
                     // connection's worker thread per query; an embedded file
                     // has no connection to lose.
@@ -256,12 +263,13 @@ impl Db {
                     .connect_with(options)
                     .await?
             }
-            Backend::Postgres => pool_options.max_connections(16).connect_with(options).await?,
+            Backend::Postgres => pool_options.connect_with(options).await?,
         };
         let sqlite_writer = Arc::new(tokio::sync::Mutex::new(()));
         let checkpointer = (backend == Backend::Sqlite)
             .then(|| Arc::new(spawn_checkpointer(pool.clone(), sqlite_writer.clone())));
-        let db = Self { pool, backend, sqlite_writer, _checkpointer: checkpointer };
+        let pins = reader::pins_for(max_connections);
+        let db = Self { pool, backend, sqlite_writer, pins, _checkpointer: checkpointer };
         db.migrate(last).await?;
         Ok(db)
     }
@@ -379,6 +387,40 @@ pub(crate) mod state_tests;
 mod tests {
     use super::*;
 
+    /// No query binds its `LIMIT` bare (`LIMIT $2`): SQLite (3.51) reads a
+    /// bound LIMIT's value into the statement's program, so every binding
+    /// marks the statement to be prepared again when it runs, a parse and a
+    /// plan per run (a tenth of a sync's time went there). A bound value
+    /// inside an expression (`LIMIT $2 + 0`) is read when the statement runs.
+    #[test]
+    fn no_query_binds_a_bare_limit() {
+        fn visit(dir: &std::path::Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    visit(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for (n, line) in text.lines().enumerate() {
+                        if line.trim_start().starts_with("//") {
+                            continue;
+                        }
+                        for (at, _) in line.match_indices("LIMIT $") {
+                            let after = &line[at + "LIMIT $".len()..];
+                            let rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
+                            if rest.len() < after.len() && !rest.starts_with(" + 0") {
+                                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        visit(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut found);
+        assert!(found.is_empty(), "write `LIMIT $n + 0`:\n{}", found.join("\n"));
+    }
+
     /// The device-list and presence queries start from the user's own
     /// member rows. Left to itself, SQLite started one half of each from
     /// every member row of every room on the server (a scan that grew with
@@ -395,7 +437,7 @@ mod tests {
                 .bind("@u:x")
                 .bind(1_i64)
                 .bind(2_i64)
-                .fetch_all(&db.pool)
+                .fetch_all(&mut db.reader())
                 .await
                 .unwrap()
                 .iter()
@@ -421,9 +463,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("seqline.db");
         let db = Db::connect(&format!("sqlite://{}", path.display()), SqliteSynchronous::Full).await.unwrap();
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&db.pool).await.unwrap();
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut db.reader()).await.unwrap();
         assert_eq!(sync, 2, "PRAGMA synchronous = FULL");
-        let auto: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&db.pool).await.unwrap();
+        let auto: i64 =
+            sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&mut db.reader()).await.unwrap();
         assert_eq!(auto, 0, "commits must not checkpoint");
         sqlx::query("CREATE TABLE probe (v TEXT)").execute(&db.pool).await.unwrap();
         sqlx::query("INSERT INTO probe (v) VALUES ('checkpointed')").execute(&db.pool).await.unwrap();

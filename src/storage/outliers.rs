@@ -128,7 +128,7 @@ pub async fn held_by_ids(db: &Db, ids: &[&str]) -> Result<Vec<Held>> {
         for id in chunk {
             query = query.bind(*id);
         }
-        for (event_id, room_id, seq, json) in query.fetch_all(&db.pool).await? {
+        for (event_id, room_id, seq, json) in query.fetch_all(&mut db.reader()).await? {
             let held = Held { event_id: event_id.clone(), room_id, seq, json };
             match found.get(&event_id) {
                 Some(Held { seq: Some(_), .. }) => {}

@@ -37,7 +37,7 @@ pub async fn read_up_to(db: &Db, room_id: &str, user: &str) -> Result<Vec<(Strin
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(read_up_to_sql("r.thread_id, MAX(e.seq)", "$2")))
         .bind(room_id)
         .bind(user)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?)
 }
 
@@ -67,7 +67,7 @@ pub async fn changed_and_read_up_to(
     .bind(after)
     .bind(upto)
     .bind(user)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     let (mut changed, mut marks) = (Vec::new(), Vec::new());
     for (room_id, user_id, receipt_type, thread_id, event_id, ts, seq, mine, _) in rows {

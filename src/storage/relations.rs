@@ -144,7 +144,7 @@ pub async fn children(
     if let Some(event_type) = q.event_type {
         query = query.bind(event_type);
     }
-    Ok(query.fetch_all(&db.pool).await?.into_iter().map(from_row).collect())
+    Ok(query.fetch_all(&mut db.reader()).await?.into_iter().map(from_row).collect())
 }
 
 /// A thread as one reader sees it.
@@ -186,7 +186,7 @@ pub async fn thread_summaries(
         for (lo, hi) in spans {
             query = query.bind(*lo).bind(*hi);
         }
-        for (root, count, latest_seq, replied) in query.fetch_all(&db.pool).await? {
+        for (root, count, latest_seq, replied) in query.fetch_all(&mut db.reader()).await? {
             out.push(ThreadSummary { root, count, latest_seq, replied: replied > 0 });
         }
     }
@@ -221,7 +221,7 @@ pub async fn references(
         for (lo, hi) in spans {
             query = query.bind(*lo).bind(*hi);
         }
-        out.extend(query.fetch_all(&db.pool).await?);
+        out.extend(query.fetch_all(&mut db.reader()).await?);
     }
     Ok(out)
 }
@@ -261,7 +261,7 @@ pub async fn edit_candidates(
         for (lo, hi) in spans {
             query = query.bind(*lo).bind(*hi);
         }
-        for (original, r, s, id, json, redacted_by, device, txn) in query.fetch_all(&db.pool).await? {
+        for (original, r, s, id, json, redacted_by, device, txn) in query.fetch_all(&mut db.reader()).await? {
             out.push((original, from_row((r, s, id, json, redacted_by, device, txn))));
         }
     }
@@ -320,7 +320,7 @@ pub async fn threads(db: &Db, q: ThreadQuery<'_>) -> Result<Vec<(String, i64)>> 
     if let Some(user) = q.participant {
         query = query.bind(user);
     }
-    Ok(query.fetch_all(&db.pool).await?)
+    Ok(query.fetch_all(&mut db.reader()).await?)
 }
 
 #[cfg(test)]
@@ -373,7 +373,7 @@ mod tests {
             let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
                 "SELECT event_id, relates_to_id, rel_type, seq FROM event_relations ORDER BY seq",
             )
-            .fetch_all(&db.pool)
+            .fetch_all(&mut db.reader())
             .await
             .unwrap();
             let want = [

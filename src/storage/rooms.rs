@@ -65,7 +65,7 @@ pub async fn get(db: &Db, room_id: &str) -> Result<Option<RoomRow>> {
     let row: Option<Row> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM rooms WHERE room_id = $1")))
             .bind(room_id)
-            .fetch_optional(&db.pool)
+            .fetch_optional(&mut db.reader())
             .await?;
     Ok(row.map(from_row))
 }
@@ -79,7 +79,7 @@ pub async fn get_many(db: &Db, ids: &[&str]) -> Result<Vec<RoomRow>> {
         for id in chunk {
             query = query.bind(*id);
         }
-        out.extend(query.fetch_all(&db.pool).await?.into_iter().map(from_row));
+        out.extend(query.fetch_all(&mut db.reader()).await?.into_iter().map(from_row));
     }
     Ok(out)
 }
@@ -297,7 +297,7 @@ pub async fn summary(db: &Db, room_id: &str) -> Result<Option<RoomSummary>> {
                 s.world_readable, s.guest_can_join, s.joined_members FROM room_summaries s WHERE s.room_id = $1",
     )
     .bind(room_id)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.map(summary_from_row))
 }
@@ -324,7 +324,7 @@ pub async fn published_summaries(
     let mut page = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT s.room_id, s.name, s.topic, s.avatar_url, s.canonical_alias, s.join_rule, s.room_type, \
                 s.world_readable, s.guest_can_join, s.joined_members {from} \
-         ORDER BY s.joined_members DESC, s.room_id LIMIT $1 OFFSET $2"
+         ORDER BY s.joined_members DESC, s.room_id LIMIT $1 + 0 OFFSET $2"
     )))
     .bind(limit)
     .bind(offset);
@@ -332,8 +332,8 @@ pub async fn published_summaries(
         total = total.bind(p);
         page = page.bind(p);
     }
-    let total: i64 = total.fetch_one(&db.pool).await?;
-    let rows: Vec<SummaryRow> = page.fetch_all(&db.pool).await?;
+    let total: i64 = total.fetch_one(&mut db.reader()).await?;
+    let rows: Vec<SummaryRow> = page.fetch_all(&mut db.reader()).await?;
     let list = rows.into_iter().map(summary_from_row).collect();
     Ok((list, total))
 }

@@ -254,7 +254,9 @@ pub async fn page(db: &Db, q: &Query<'_>, order: Order, offset: i64, limit: i64)
         order_by(order)
     );
     let rows: Vec<(String, String, i64, f64, String)> =
-        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds).fetch_all(&db.pool).await?;
+        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds)
+            .fetch_all(&mut db.reader())
+            .await?;
     Ok(rows
         .into_iter()
         .map(|(event_id, room_id, seq, rank, body)| Hit { event_id, room_id, seq, rank, body })
@@ -268,8 +270,9 @@ pub async fn count(db: &Db, q: &Query<'_>) -> Result<i64> {
     }
     let sql = build(db.backend, q);
     let text = format!("SELECT COUNT(*) {}", sql.from_where);
-    let (n,): (i64,) =
-        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds).fetch_one(&db.pool).await?;
+    let (n,): (i64,) = bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds)
+        .fetch_one(&mut db.reader())
+        .await?;
     Ok(n)
 }
 
@@ -300,7 +303,8 @@ pub async fn group_counts(
         }
         None => format!("SELECT {col}, COUNT(*) {} GROUP BY {col}", sql.from_where),
     };
-    let rows: Vec<(String, i64)> =
-        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds).fetch_all(&db.pool).await?;
+    let rows: Vec<(String, i64)> = bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds)
+        .fetch_all(&mut db.reader())
+        .await?;
     Ok(rows)
 }

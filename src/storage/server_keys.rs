@@ -59,7 +59,7 @@ pub async fn get(db: &Db, server: &str) -> Result<Vec<StoredKey>> {
          WHERE server_name = $1 ORDER BY key_id",
     )
     .bind(server)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?;
     Ok(rows
         .into_iter()

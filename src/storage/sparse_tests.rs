@@ -206,7 +206,7 @@ fn points(v: &Value, seqs: &[i64]) -> Value {
 }
 
 async fn seqs(db: &Db) -> Vec<i64> {
-    sqlx::query_scalar("SELECT seq FROM events ORDER BY seq").fetch_all(&db.pool).await.unwrap()
+    sqlx::query_scalar("SELECT seq FROM events ORDER BY seq").fetch_all(&mut db.reader()).await.unwrap()
 }
 
 async fn send(app: &Router, room: &str, who: &str, body: &str) -> String {
@@ -223,7 +223,7 @@ fn old_form(token: &str) -> String {
 }
 
 async fn scalar(db: &Db, sql: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(&db.pool).await.unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(&mut db.reader()).await.unwrap()
 }
 
 #[tokio::test]

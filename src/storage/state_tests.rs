@@ -243,7 +243,7 @@ async fn old_state_at(db: &Db, room_id: &str, at: i64, extra: &str) -> Answer {
         )))
         .bind(room_id)
         .bind(at)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await
         .unwrap(),
     )
@@ -261,7 +261,7 @@ async fn old_changed_between(db: &Db, room_id: &str, after: i64, at: i64) -> Ans
         .bind(room_id)
         .bind(after)
         .bind(at)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await
         .unwrap(),
     )
@@ -276,7 +276,7 @@ async fn old_state_event_at(db: &Db, room_id: &str, kind: &str, key: &str, at: i
     .bind(kind)
     .bind(key)
     .bind(at)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await
     .unwrap())
 }
@@ -288,7 +288,7 @@ async fn old_key_changes(db: &Db, room_id: &str, kind: &str, key: &str) -> Vec<(
     .bind(room_id)
     .bind(kind)
     .bind(key)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await
     .unwrap()
 }
@@ -412,7 +412,7 @@ async fn migration_keeps_every_state_answer() {
             // One state_runs row per state event, and the edges from the JSON.
             let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM state_runs WHERE room_id = $1")
                 .bind(room_id)
-                .fetch_one(&db.pool)
+                .fetch_one(&mut db.reader())
                 .await
                 .unwrap();
             assert_eq!(runs, evs.iter().filter(|e| e.state_key.is_some()).count() as i64, "{label}");
@@ -420,7 +420,7 @@ async fn migration_keeps_every_state_answer() {
                 let prev: BTreeSet<String> =
                     sqlx::query_scalar("SELECT prev_id FROM event_edges WHERE event_id = $1")
                         .bind(&e.event_id)
-                        .fetch_all(&db.pool)
+                        .fetch_all(&mut db.reader())
                         .await
                         .unwrap()
                         .into_iter()
@@ -429,7 +429,7 @@ async fn migration_keeps_every_state_answer() {
                 let auth: BTreeSet<String> =
                     sqlx::query_scalar("SELECT auth_id FROM event_auth_edges WHERE event_id = $1")
                         .bind(&e.event_id)
-                        .fetch_all(&db.pool)
+                        .fetch_all(&mut db.reader())
                         .await
                         .unwrap()
                         .into_iter()
@@ -1106,7 +1106,7 @@ async fn state_reader_timings() {
                 let explain = if label == "sqlite" { "EXPLAIN QUERY PLAN" } else { "EXPLAIN" };
                 let q = sqlx::query(sqlx::AssertSqlSafe(format!("{explain} {sql}")));
                 eprintln!("--- {label} {what}");
-                for row in q.fetch_all(&db.pool).await.unwrap() {
+                for row in q.fetch_all(&mut db.reader()).await.unwrap() {
                     use sqlx::Row;
                     let line: String = if label == "sqlite" { row.get(3) } else { row.get(0) };
                     eprintln!("    {line}");

@@ -37,7 +37,7 @@ pub async fn get(db: &Db, session_id: &str) -> Result<Option<UiaSessionRow>> {
         "SELECT purpose, user_id, completed, created_ts FROM uia_sessions WHERE session_id = $1",
     )
     .bind(session_id)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.map(|(purpose, user_id, completed, created_ts)| UiaSessionRow {
         purpose,

@@ -46,7 +46,7 @@ pub async fn by_localpart(db: &Db, localpart: &str) -> Result<Option<UserRow>> {
         "SELECT user_id, password_hash, is_admin, deactivated FROM users WHERE localpart = $1",
     )
     .bind(localpart)
-    .fetch_optional(&db.pool)
+    .fetch_optional(&mut db.reader())
     .await?;
     Ok(row.map(|(user_id, password_hash, is_admin, deactivated)| UserRow {
         user_id,
@@ -60,7 +60,7 @@ pub async fn by_localpart(db: &Db, localpart: &str) -> Result<Option<UserRow>> {
 pub async fn localpart_exists(db: &Db, localpart: &str) -> Result<bool> {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM users WHERE localpart = $1")
         .bind(localpart)
-        .fetch_one(&db.pool)
+        .fetch_one(&mut db.reader())
         .await?;
     Ok(n > 0)
 }
@@ -105,7 +105,7 @@ pub async fn erase_private_data(db: &Db, user_id: &str) -> Result<()> {
 pub async fn profile(db: &Db, user_id: &str) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as("SELECT field, value FROM profile_fields WHERE user_id = $1 ORDER BY field")
         .bind(user_id)
-        .fetch_all(&db.pool)
+        .fetch_all(&mut db.reader())
         .await?)
 }
 
@@ -159,12 +159,12 @@ pub async fn directory_search(
            LEFT JOIN profile_fields d ON d.user_id = c.user_id AND d.field = 'displayname' \
            LEFT JOIN profile_fields a ON a.user_id = c.user_id AND a.field = 'avatar_url' \
           WHERE LOWER(c.user_id) LIKE $2 ESCAPE '\\' OR LOWER(d.value) LIKE $2 ESCAPE '\\' \
-          ORDER BY c.user_id LIMIT $3",
+          ORDER BY c.user_id LIMIT $3 + 0",
     )
     .bind(searcher)
     .bind(pattern)
     .bind(limit)
-    .fetch_all(&db.pool)
+    .fetch_all(&mut db.reader())
     .await?)
 }
 
@@ -190,5 +190,5 @@ pub async fn set_erased(db: &Db, user_id: &str) -> Result<()> {
 
 /// The erased users.
 pub async fn erased(db: &Db) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("SELECT user_id FROM users WHERE erased = 1").fetch_all(&db.pool).await?)
+    Ok(sqlx::query_scalar("SELECT user_id FROM users WHERE erased = 1").fetch_all(&mut db.reader()).await?)
 }

@@ -22,6 +22,7 @@ use crate::room::history::{self, Dir, EventFilter, PageRequest};
 use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
 use crate::storage::{account_data, events, keys, memberships, receipts};
+use crate::streams::RoomWatch;
 
 /// A position in all the streams a sync reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,39 +127,16 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
     let mut relisted = 0;
     loop {
         wake.borrow_and_update();
-        // The room list read at `listed_at` stands while none of the user's
-        // memberships moved since (an unknown write may have moved one).
-        let list_stands = |at: i64, upto: i64| {
-            state.streams.changes_between(user, at, upto).is_some_and(|m| !m.my_membership)
-        };
-        let (listed_at, rooms) = match &last {
-            Some(pass) if list_stands(pass.listed.at, state.streams.position()) => {
-                (pass.listed.at, pass.listed.rooms.clone())
-            }
-            _ => {
-                let at = state.streams.position();
-                (at, memberships::rooms_joined_of(&state.db, user).await?)
-            }
-        };
-        let joined: Vec<String> = rooms.iter().filter(|(_, j)| *j).map(|(r, _)| r.clone()).collect();
-        let _watch = state.notifier.watch_rooms(user, joined);
-        let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
-        if !list_stands(listed_at, now.stream) && relisted < 3 {
-            // The list may miss a room joined (or hold one left) meanwhile:
-            // read it again before answering (nothing was waited for).
-            relisted += 1;
+        // One pass: its reads run back to back on one held connection.
+        // The watch of the rooms joined stands while the request waits.
+        let (_watch, pass) = state.db.pinned(pass(state, me, req, last.as_ref(), &mut relisted)).await??;
+        let Some((body, has_news, pass)) = pass else {
+            // The room list may miss a room joined (or hold one left)
+            // meanwhile: read it again before answering (nothing was
+            // waited for).
             last = None;
             continue;
-        }
-        // Reads of the earlier pass are kept for the streams that did not
-        // move; a membership of the user's (a join makes older events
-        // readable) means everything is read again.
-        let reuse = last.as_ref().and_then(|pass| {
-            let moved = state.streams.changes_between(user, pass.now.stream, now.stream)?;
-            (!moved.my_membership).then_some(Reuse { pass, moved })
-        });
-        let (body, has_news, pass) =
-            build(state, me, req, now, Listed { at: listed_at, rooms }, reuse).await?;
+        };
         if has_news || req.since.is_none() || req.full_state || final_pass || Instant::now() >= deadline {
             return Ok(body);
         }
@@ -172,6 +150,49 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
             final_pass = true;
         }
     }
+}
+
+/// One pass of [`sync`]: the room list (kept from the `last` pass while
+/// none of the user's memberships moved since), then [`build`]. `None`
+/// when a membership of the user's landed while the list was read, and the
+/// list is to be read again (at most 3 times in a request, counted in
+/// `relisted`: a stream of unknown writes must not keep it spinning).
+async fn pass<'a>(
+    state: &'a AppState,
+    me: &Requester,
+    req: &SyncRequest,
+    last: Option<&Pass>,
+    relisted: &mut u32,
+) -> Result<(RoomWatch<'a>, Option<(Value, bool, Pass)>)> {
+    let user = me.user_id.as_str();
+    // The room list read at `listed_at` stands while none of the user's
+    // memberships moved since (an unknown write may have moved one).
+    let list_stands =
+        |at: i64, upto: i64| state.streams.changes_between(user, at, upto).is_some_and(|m| !m.my_membership);
+    let (listed_at, rooms) = match last {
+        Some(pass) if list_stands(pass.listed.at, state.streams.position()) => {
+            (pass.listed.at, pass.listed.rooms.clone())
+        }
+        _ => {
+            let at = state.streams.position();
+            (at, memberships::rooms_joined_of(&state.db, user).await?)
+        }
+    };
+    let joined: Vec<String> = rooms.iter().filter(|(_, j)| *j).map(|(r, _)| r.clone()).collect();
+    let watch = state.notifier.watch_rooms(user, joined);
+    let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
+    if !list_stands(listed_at, now.stream) && *relisted < 3 {
+        *relisted += 1;
+        return Ok((watch, None));
+    }
+    // Reads of the earlier pass are kept for the streams that did not
+    // move; a membership of the user's (a join makes older events
+    // readable) means everything is read again.
+    let reuse = last.and_then(|pass| {
+        let moved = state.streams.changes_between(user, pass.now.stream, now.stream)?;
+        (!moved.my_membership).then_some(Reuse { pass, moved })
+    });
+    Ok((watch, Some(build(state, me, req, now, Listed { at: listed_at, rooms }, reuse).await?)))
 }
 
 /// What a pass of [`build`] read besides the rooms' own events, kept while
