@@ -167,6 +167,8 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
     let mut events = Vec::new();
     let mut last_read: Option<i64> = None;
     let mut scanned: i64 = 0;
+    // Whether a row was read past the full page (so more lie beyond it).
+    let mut read_past = false;
     let spans: Vec<(i64, i64)> = match dir {
         Dir::Backward => access.ranges.descending_from(from).filter(|r| to.is_none_or(|t| r.1 > t)).collect(),
         Dir::Forward => access
@@ -184,9 +186,11 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
         let (mut lo, mut hi) = (lo, hi);
         while lo <= hi {
             // Every seq in a readable span is readable, so without a filter
-            // each row read fills the page: read no more than it still needs.
+            // each row read fills the page: read no more than it still needs,
+            // and one more, which tells whether the page ends the history
+            // without another query.
             let needed = i64::try_from(limit - events.len()).unwrap_or(BATCH);
-            let want = if filter.is_empty() { needed } else { BATCH.max(needed) }.min(MAX_SCAN - scanned);
+            let want = if filter.is_empty() { needed + 1 } else { BATCH.max(needed) }.min(MAX_SCAN - scanned);
             if want <= 0 {
                 break 'spans;
             }
@@ -197,6 +201,10 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
                 break;
             }
             for stored in rows {
+                if events.len() >= limit {
+                    read_past = true;
+                    break 'spans;
+                }
                 let seq = stored.seq;
                 scanned += 1;
                 last_read = Some(seq);
@@ -207,10 +215,12 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
                 let loaded = read::load(state, stored).await?;
                 if filter.allows(&loaded) {
                     events.push(loaded);
-                    if events.len() >= limit {
-                        break 'spans;
-                    }
                 }
+            }
+            if events.len() >= limit {
+                // Full at the batch's last row: whether more lie beyond is
+                // asked below.
+                break 'spans;
             }
             if exhausted {
                 break;
@@ -218,10 +228,16 @@ pub async fn page(state: &AppState, view: &RoomView, access: &Access, req: PageR
         }
     }
     // More to read if a readable event lies beyond the last one looked at,
-    // and the page ends there: full, or the scan reached its bound. Positions
-    // are sparse, so a readable span need not hold an event: ask the table.
+    // and the page ends there: full, or the scan reached its bound. A row
+    // read past the full page is one (every seq in a span is readable);
+    // else, positions being sparse, a readable span need not hold an event:
+    // ask the table.
     let cut = events.len() >= limit || scanned >= MAX_SCAN;
     let next = match last_read {
+        Some(seq) if cut && read_past => Some(match dir {
+            Dir::Backward => seq - 1,
+            Dir::Forward => seq,
+        }),
         Some(seq) if cut => {
             let (beyond, next) = match dir {
                 Dir::Backward => (seq - 1, seq - 1),

@@ -143,8 +143,7 @@ async fn user_inputs(
         return Ok(kept);
     }
     let room_id = view.room.room_id.as_str();
-    let changes = events::membership_changes(&state.db, room_id, user_id.as_str()).await?;
-    let (stays, floor) = memberships::ranges_and_floor(&state.db, room_id, user_id.as_str()).await?;
+    let (changes, stays, floor) = memberships::member_inputs(&state.db, room_id, user_id.as_str()).await?;
     let inputs = UserInputs {
         history: MembershipHistory::from_changes(&changes),
         display_name: changes.last().and_then(|c| c.display_name.clone()),

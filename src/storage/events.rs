@@ -340,16 +340,7 @@ pub async fn membership_changes(db: &Db, room_id: &str, user_id: &str) -> Result
     Ok(state_changes(db, room_id, "m.room.member", user_id)
         .await?
         .into_iter()
-        .map(|(seq, json)| {
-            let value =
-                json.and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok()).unwrap_or_default();
-            let content = &value["content"];
-            MemberChange {
-                seq,
-                membership: content["membership"].as_str().unwrap_or("leave").to_owned(),
-                display_name: content["displayname"].as_str().map(str::to_owned),
-            }
-        })
+        .map(|(seq, json)| MemberChange::of(seq, json.as_deref()))
         .collect())
 }
 
@@ -362,6 +353,20 @@ pub struct MemberChange {
     pub membership: String,
     /// `content.displayname`.
     pub display_name: Option<String>,
+}
+
+impl MemberChange {
+    /// The change at `seq` to the member event `json` (`None`: the key
+    /// became absent, which reads as "leave").
+    pub(in crate::storage) fn of(seq: i64, json: Option<&str>) -> Self {
+        let value = json.and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok()).unwrap_or_default();
+        let content = &value["content"];
+        MemberChange {
+            seq,
+            membership: content["membership"].as_str().unwrap_or("leave").to_owned(),
+            display_name: content["displayname"].as_str().map(str::to_owned),
+        }
+    }
 }
 
 /// Every change of one state key in a room: (seq, PDU json), in seq order;
@@ -533,9 +538,36 @@ pub async fn state_at(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent
     state_at_where(db, room_id, at, "").await
 }
 
+/// Leaves member events out of [`sql::state_at`]: two ranges of the state
+/// index, not a walk over every member of the room (as `<>` was).
+const NOT_MEMBERS: &str = "AND (s.event_type < 'm.room.member' OR s.event_type > 'm.room.member')";
+
 /// [`state_at`] without member events (lazy-loading fetches those one by one).
 pub async fn state_at_without_members(db: &Db, room_id: &str, at: i64) -> Result<Vec<StoredEvent>> {
-    state_at_where(db, room_id, at, "AND s.event_type <> 'm.room.member'").await
+    state_at_where(db, room_id, at, NOT_MEMBERS).await
+}
+
+/// [`state_at_without_members`] and [`members_at`] of `users`, in one query
+/// when `users` fit in one, in seq order.
+pub async fn lazy_state_at(db: &Db, room_id: &str, users: &[&str], at: i64) -> Result<Vec<StoredEvent>> {
+    if users.is_empty() || users.len() > super::outliers::IDS_PER_QUERY {
+        let mut rows = state_at_without_members(db, room_id, at).await?;
+        rows.extend(members_at(db, room_id, users, at).await?);
+        rows.sort_by_key(|e| e.seq);
+        return Ok(rows);
+    }
+    let members =
+        format!("AND s.event_type = 'm.room.member' AND s.state_key IN ({})", super::params(3, users.len()));
+    let sql = format!(
+        "SELECT * FROM ({}) a UNION ALL SELECT * FROM ({}) b ORDER BY 2, 3",
+        sql::state_at(NOT_MEMBERS),
+        sql::state_at(&members)
+    );
+    let mut query = sqlx::query_as::<_, RunRow>(sqlx::AssertSqlSafe(sql)).bind(room_id).bind(at);
+    for user in users {
+        query = query.bind(*user);
+    }
+    Ok(query.fetch_all(&mut db.reader()).await?.into_iter().filter_map(from_run_row).collect())
 }
 
 async fn state_at_where(db: &Db, room_id: &str, at: i64, extra: &str) -> Result<Vec<StoredEvent>> {

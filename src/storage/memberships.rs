@@ -81,21 +81,39 @@ fn to_ranges(rows: Vec<(String, i64, Option<i64>, i64)>) -> Vec<Range> {
         .collect()
 }
 
-/// A user's membership ranges in a room, by start, and their own floor in
-/// it (0: none), in one statement (a read's first look at a user needs both).
-pub async fn ranges_and_floor(db: &Db, room_id: &str, user_id: &str) -> Result<(Vec<Range>, i64)> {
-    let rows: Vec<(String, i64, Option<i64>, i64)> = sqlx::query_as(
-        "SELECT kind, min_seq, max_seq, window_seq FROM memberships WHERE room_id = $1 AND user_id = $2 \
+/// What a read's first look at a user in a room needs, in one statement:
+/// their member events' changes (as [`super::events::membership_changes`]),
+/// their membership ranges by start, and their own floor in it (0: none).
+pub async fn member_inputs(
+    db: &Db,
+    room_id: &str,
+    user_id: &str,
+) -> Result<(Vec<super::events::MemberChange>, Vec<Range>, i64)> {
+    type Row = (i64, i64, Option<String>, Option<String>, Option<i64>, i64);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT CAST(0 AS BIGINT), r.seq, COALESCE(e.json, o.json), NULL, NULL, CAST(0 AS BIGINT) \
+           FROM state_runs r LEFT JOIN events e ON e.event_id = r.event_id \
+           LEFT JOIN outliers o ON o.event_id = r.event_id \
+           WHERE r.room_id = $1 AND r.event_type = 'm.room.member' AND r.state_key = $2 \
          UNION ALL \
-         SELECT 'floor', floor_seq, NULL, 0 FROM user_room_floors WHERE room_id = $1 AND user_id = $2 \
-         ORDER BY 2, 1",
+         SELECT 1, min_seq, NULL, kind, max_seq, window_seq FROM memberships WHERE room_id = $1 AND user_id = $2 \
+         UNION ALL \
+         SELECT 2, floor_seq, NULL, NULL, NULL, 0 FROM user_room_floors WHERE room_id = $1 AND user_id = $2 \
+         ORDER BY 1, 2, 4",
     )
     .bind(room_id)
     .bind(user_id)
     .fetch_all(&mut db.reader())
     .await?;
-    let (floor, ranges): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.0 == "floor");
-    Ok((to_ranges(ranges), floor.first().map_or(0, |r| r.1)))
+    let (mut changes, mut ranges, mut floor) = (Vec::new(), Vec::new(), 0);
+    for (part, seq, json, kind, max_seq, window_seq) in rows {
+        match part {
+            0 => changes.push(super::events::MemberChange::of(seq, json.as_deref())),
+            1 => ranges.push(Range { kind: kind.unwrap_or_default(), min_seq: seq, max_seq, window_seq }),
+            _ => floor = seq,
+        }
+    }
+    Ok((changes, ranges, floor))
 }
 
 /// Raises a user's floor (it never moves down); the room's read epoch moves

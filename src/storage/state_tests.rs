@@ -370,6 +370,21 @@ async fn migration_keeps_every_state_answer() {
                     sparse(&expected[&format!("{room_id} nomem {dense_at}")]),
                     "{label}: state_at_without_members({room_id}, {at})"
                 );
+                // Lazy members in one query: the same as the two apart.
+                let users: Vec<&str> = keys[room_id.as_str()]
+                    .iter()
+                    .filter(|(kind, _)| kind == "m.room.member")
+                    .map(|(_, key)| key.as_str())
+                    .take(2)
+                    .collect();
+                let mut apart = events::state_at_without_members(&db, room_id, at).await.unwrap();
+                apart.extend(events::members_at(&db, room_id, &users, at).await.unwrap());
+                apart.sort_by(|a, b| (a.seq, &a.event_id).cmp(&(b.seq, &b.event_id)));
+                assert_eq!(
+                    ids(&events::lazy_state_at(&db, room_id, &users, at).await.unwrap()),
+                    ids(&apart),
+                    "{label}: lazy_state_at({room_id}, {users:?}, {at})"
+                );
                 for dense_after in 0..dense_at {
                     let after = p(dense_after);
                     assert_eq!(

@@ -662,14 +662,11 @@ async fn state_section(
         }
         // Everything, lazily: the non-member state, then just the members needed.
         None if req.filter.lazy_load_members => {
-            let mut rows = events::state_at_without_members(&state.db, room_id, at).await?;
             let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
             wanted.push(me.user_id.as_str());
             wanted.sort_unstable();
             wanted.dedup();
-            rows.extend(events::members_at(&state.db, room_id, &wanted, at).await?);
-            rows.sort_by_key(|e| e.seq);
-            rows
+            events::lazy_state_at(&state.db, room_id, &wanted, at).await?
         }
         None => events::state_at(&state.db, room_id, at).await?,
     };
