@@ -235,13 +235,13 @@ pub async fn state_event(
     state_key: &str,
 ) -> Result<Option<StoredEvent>> {
     let mut conn = db.read_conn().await?;
-    current_state_event(&mut conn, room_id, event_type, state_key).await
+    current_state_event(conn.conn(), room_id, event_type, state_key).await
 }
 
 /// One event by id.
 pub async fn by_id(db: &Db, event_id: &str) -> Result<Option<StoredEvent>> {
     let mut conn = db.read_conn().await?;
-    by_id_tx(&mut conn, event_id).await
+    by_id_tx(conn.conn(), event_id).await
 }
 
 /// One event by id, inside a transaction.

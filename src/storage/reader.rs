@@ -26,13 +26,18 @@ use crate::error::Result;
 /// finds one: a burst never waits on another burst.
 const LEFT_TO_THE_POOL: usize = 2;
 
-/// The connection a task holds for its reads.
+/// The connection a task holds for its reads, and the permit it holds it by.
 struct Pin {
-    /// The permits of the [`Db`] it came from (its identity too: a task
-    /// may read from two databases, in tests).
-    pins: Arc<tokio::sync::Semaphore>,
     conn: Arc<tokio::sync::Mutex<PoolConnection<Any>>>,
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Pin {
+    /// Whether it came from `db` (a task may read from two databases, in
+    /// tests): the permit is of that database's semaphore.
+    fn of(&self, db: &Db) -> bool {
+        Arc::ptr_eq(self.permit.semaphore(), &db.pins)
+    }
 }
 
 tokio::task_local! {
@@ -52,15 +57,14 @@ impl Db {
     /// Hold a connection only for reads run back to back, never across a
     /// wait for something else (a long-poll waits outside it).
     pub async fn pinned<F: Future>(&self, f: F) -> Result<F::Output> {
-        if PINNED.try_with(|p| Arc::ptr_eq(&p.pins, &self.pins)).unwrap_or(false) {
+        if PINNED.try_with(|p| p.of(self)).unwrap_or(false) {
             return Ok(f.await);
         }
         let Ok(permit) = self.pins.clone().try_acquire_owned() else {
             return Ok(f.await);
         };
         let conn = self.pool.acquire().await?;
-        let pin =
-            Pin { pins: self.pins.clone(), conn: Arc::new(tokio::sync::Mutex::new(conn)), _permit: permit };
+        let pin = Pin { conn: Arc::new(tokio::sync::Mutex::new(conn)), permit };
         Ok(PINNED.scope(pin, f).await)
     }
 
@@ -68,16 +72,10 @@ impl Db {
     /// [`Db::pinned`]) when it is free, else the pool. Pass it as
     /// `&mut db.reader()` where sqlx wants an executor.
     pub fn reader(&self) -> Reader<'_> {
-        PINNED
-            .try_with(|p| Arc::ptr_eq(&p.pins, &self.pins).then(|| p.conn.clone().try_lock_owned().ok()))
-            .ok()
-            .flatten()
-            .flatten()
-            .map_or(Reader::Pool(&self.pool), Reader::Held)
+        let held = PINNED.try_with(|p| if p.of(self) { p.conn.clone().try_lock_owned().ok() } else { None });
+        held.ok().flatten().map_or(Reader::Pool(&self.pool), Reader::Held)
     }
-}
 
-impl Db {
     /// A connection for reads that take one (`&mut AnyConnection`): the one
     /// this task holds (see [`Db::pinned`]) when it is free, else one
     /// checked out of the pool.
@@ -98,18 +96,9 @@ pub enum ReadConn {
     Held(OwnedMutexGuard<PoolConnection<Any>>),
 }
 
-impl std::ops::Deref for ReadConn {
-    type Target = AnyConnection;
-    fn deref(&self) -> &AnyConnection {
-        match self {
-            ReadConn::Pooled(conn) => conn,
-            ReadConn::Held(guard) => guard,
-        }
-    }
-}
-
-impl std::ops::DerefMut for ReadConn {
-    fn deref_mut(&mut self) -> &mut AnyConnection {
+impl ReadConn {
+    /// The connection to run statements on.
+    pub fn conn(&mut self) -> &mut AnyConnection {
         match self {
             ReadConn::Pooled(conn) => conn,
             ReadConn::Held(guard) => guard,
