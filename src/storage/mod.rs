@@ -176,6 +176,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (27, "erased_users", include_str!("../../migrations/sqlite/0027_erased_users.sql")),
     (28, "url_previews", include_str!("../../migrations/sqlite/0028_url_previews.sql")),
     (29, "media_expiry", include_str!("../../migrations/sqlite/0029_media_expiry.sql")),
+    (30, "unread_candidates", include_str!("../../migrations/sqlite/0030_unread_candidates.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -207,6 +208,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (27, "erased_users", include_str!("../../migrations/postgres/0027_erased_users.sql")),
     (28, "url_previews", include_str!("../../migrations/postgres/0028_url_previews.sql")),
     (29, "media_expiry", include_str!("../../migrations/postgres/0029_media_expiry.sql")),
+    (30, "unread_candidates", include_str!("../../migrations/postgres/0030_unread_candidates.sql")),
 ];
 
 impl Db {

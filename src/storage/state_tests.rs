@@ -424,6 +424,40 @@ async fn migration_keeps_every_state_answer() {
                 "{label}: current state of {room_id}"
             );
 
+            // Unread candidates: every event of the range from someone else,
+            // newest first, but (when asked) member events about others.
+            for me in ["@a:x", "@b:x", "@c:x"] {
+                for others_membership in [false, true] {
+                    let skip = events::CandidateSkip { sender: me, others_membership };
+                    for (lo, hi, limit) in [(1, last, 1_000), (3, last - 5, 1_000), (1, last, 4), (9, 9, 10)]
+                    {
+                        let want: Vec<i64> = evs
+                            .iter()
+                            .rev()
+                            .filter(|e| (lo..=hi).contains(&e.seq) && me != "@a:x")
+                            .filter(|e| {
+                                !(others_membership
+                                    && e.event_type == "m.room.member"
+                                    && e.state_key.as_deref() != Some(me))
+                            })
+                            .map(|e| p(e.seq))
+                            .take(limit)
+                            .collect();
+                        let got: Vec<i64> =
+                            events::unread_candidates(&db, room_id, p(lo), p(hi), &skip, limit as i64)
+                                .await
+                                .unwrap()
+                                .iter()
+                                .map(|e| e.seq)
+                                .collect();
+                        assert_eq!(
+                            got, want,
+                            "{label}: unread_candidates {room_id} {me} {lo}..={hi} {limit}"
+                        );
+                    }
+                }
+            }
+
             // One state_runs row per state event, and the edges from the JSON.
             let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM state_runs WHERE room_id = $1")
                 .bind(room_id)
