@@ -481,12 +481,14 @@ pub async fn unread_candidates(
 ) -> Result<Vec<StoredEvent>> {
     let range = "e.room_id = $1 AND e.seq >= $2 AND e.seq <= $3 AND e.sender <> $4";
     let sql = if skip.others_membership {
+        // A compound SELECT ordered as a whole: both index ranges already
+        // come in seq order, so the two are merged as they are read, with
+        // no sort and no more rows read than the LIMIT takes.
         format!(
-            "SELECT * FROM (SELECT {COLUMNS} FROM events e WHERE {range} \
-               AND e.event_type <> 'm.room.member' ORDER BY e.seq DESC LIMIT $5 + 0) a \
+            "SELECT {COLUMNS} FROM events e WHERE {range} AND e.event_type <> 'm.room.member' \
              UNION ALL \
-             SELECT * FROM (SELECT {COLUMNS} FROM events e WHERE {range} \
-               AND e.event_type = 'm.room.member' AND e.state_key = $4 ORDER BY e.seq DESC LIMIT $5 + 0) b \
+             SELECT {COLUMNS} FROM events e WHERE {range} \
+               AND e.event_type = 'm.room.member' AND e.state_key = $4 \
              ORDER BY seq DESC LIMIT $5 + 0"
         )
     } else {
