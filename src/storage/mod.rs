@@ -429,28 +429,63 @@ mod tests {
     /// the whole server on each incremental sync).
     #[tokio::test]
     async fn room_sharing_queries_start_from_the_users_rooms() {
-        let dir = std::env::temp_dir().join(format!("seqline-plans-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite://{}", dir.join("seqline.db").display());
-        let db = Db::connect(&url, SqliteSynchronous::Full).await.unwrap();
+        let (db, dir) = scratch_db("plans").await;
         for sql in [events::sql::device_list_window().as_str(), events::sql::ROOM_PEERS] {
-            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                .bind("@u:x")
-                .bind(1_i64)
-                .bind(2_i64)
-                .fetch_all(&mut db.reader())
-                .await
-                .unwrap()
-                .iter()
-                .map(|row| sqlx::Row::get::<String, _>(row, 3))
-                .collect();
+            let query = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
+            let plan = plan_of(&db, query.bind("@u:x").bind(1_i64).bind(2_i64)).await;
             let scans_every_member = |line: &&String| {
                 // (`x` is a subquery's result, not a table.)
                 (line.starts_with("SCAN") && line.as_str() != "SCAN x")
                     || line.ends_with("room_state_members (event_type=?)")
             };
             assert!(!plan.iter().any(|l| scans_every_member(&l)), "{sql}\n{plan:#?}");
+        }
+        db.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A fresh SQLite database in a directory of its own (`tag` names it).
+    pub(in crate::storage) async fn scratch_db(tag: &str) -> (Db, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("seqline-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("seqline.db").display());
+        (Db::connect(&url, SqliteSynchronous::Full).await.unwrap(), dir)
+    }
+
+    /// The detail lines of an `EXPLAIN QUERY PLAN` query's answer.
+    async fn plan_of(
+        db: &Db,
+        query: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Vec<String> {
+        let rows = query.fetch_all(&mut db.reader()).await.unwrap();
+        rows.iter().map(|row| sqlx::Row::get::<String, _>(row, 3)).collect()
+    }
+
+    /// The readers of a first sync that must not grow with the room: the
+    /// non-member state (alone and with lazy members) seeks each side of
+    /// the member keys, and unread counting reads the two partial indexes,
+    /// never every state key or every event of the room.
+    #[tokio::test]
+    async fn first_sync_readers_do_not_walk_the_members() {
+        let (db, dir) = scratch_db("plans-members").await;
+        let cases = [
+            (events::sql::state_at_without_members(), 2, vec![]),
+            (events::sql::lazy_state_at(3), 5, vec![]),
+            (events::sql::unread_candidates(true), 5, vec!["events_not_members", "events_members_by_target"]),
+        ];
+        for (sql, params, must_use) in cases {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
+            for i in 0..params {
+                query = query.bind(i64::from(i));
+            }
+            let plan = plan_of(&db, query).await;
+            // A search on the room alone reads every row the room has.
+            let walks_the_room = |line: &&String| line.ends_with("(room_id=?)") || line.starts_with("SCAN e");
+            assert!(!plan.iter().any(|l| walks_the_room(&l)), "{sql}\n{plan:#?}");
+            for index in must_use {
+                assert!(plan.iter().any(|l| l.contains(index)), "{index} unused: {sql}\n{plan:#?}");
+            }
         }
         db.close().await;
         let _ = std::fs::remove_dir_all(&dir);

@@ -171,14 +171,9 @@ fn held(guard: &mut OwnedMutexGuard<PoolConnection<Any>>) -> &mut AnyConnection 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SqliteSynchronous;
 
     async fn fresh(name: &str) -> (Db, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("seqline-reader-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite://{}", dir.join("seqline.db").display());
-        (Db::connect(&url, SqliteSynchronous::Full).await.unwrap(), dir)
+        crate::storage::tests::scratch_db(&format!("reader-{name}")).await
     }
 
     async fn count(db: &Db) -> std::result::Result<i64, sqlx::Error> {
