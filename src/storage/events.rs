@@ -627,7 +627,8 @@ pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) 
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
 
-/// The SQL of the state readers (apart, so that tests can show its plans).
+/// The SQL of the readers whose plans tests look at (the state readers, the
+/// unread candidates), apart from their callers.
 pub(super) mod sql {
     use super::{COLUMNS, NON_MEMBER_KEYS, RUN_COLUMNS, RUN_JOINS};
 
