@@ -55,7 +55,7 @@ const RUN_COLUMNS: &str = "r.room_id, COALESCE(e.seq, r.seq), r.event_id, COALES
      e.redacted_by, e.txn_device_id, e.txn_id";
 
 /// The joins behind [`RUN_COLUMNS`].
-const RUN_JOINS: &str =
+pub(super) const RUN_JOINS: &str =
     "LEFT JOIN events e ON e.event_id = r.event_id LEFT JOIN outliers o ON o.event_id = r.event_id";
 
 /// A row of [`RUN_COLUMNS`]: event id and JSON are NULL where the row says
@@ -377,11 +377,10 @@ pub async fn state_changes(
     event_type: &str,
     state_key: &str,
 ) -> Result<Vec<(i64, Option<String>)>> {
-    Ok(sqlx::query_as(
-        "SELECT r.seq, COALESCE(e.json, o.json) FROM state_runs r \
-         LEFT JOIN events e ON e.event_id = r.event_id LEFT JOIN outliers o ON o.event_id = r.event_id \
-         WHERE r.room_id = $1 AND r.event_type = $2 AND r.state_key = $3 ORDER BY r.seq",
-    )
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT r.seq, COALESCE(e.json, o.json) FROM state_runs r {RUN_JOINS} \
+         WHERE r.room_id = $1 AND r.event_type = $2 AND r.state_key = $3 ORDER BY r.seq"
+    )))
     .bind(room_id)
     .bind(event_type)
     .bind(state_key)

@@ -90,17 +90,17 @@ pub async fn member_inputs(
     user_id: &str,
 ) -> Result<(Vec<super::events::MemberChange>, Vec<Range>, i64)> {
     type Row = (i64, i64, Option<String>, Option<String>, Option<i64>, i64);
-    let rows: Vec<Row> = sqlx::query_as(
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT CAST(0 AS BIGINT), r.seq, COALESCE(e.json, o.json), NULL, NULL, CAST(0 AS BIGINT) \
-           FROM state_runs r LEFT JOIN events e ON e.event_id = r.event_id \
-           LEFT JOIN outliers o ON o.event_id = r.event_id \
+           FROM state_runs r {} \
            WHERE r.room_id = $1 AND r.event_type = 'm.room.member' AND r.state_key = $2 \
          UNION ALL \
          SELECT 1, min_seq, NULL, kind, max_seq, window_seq FROM memberships WHERE room_id = $1 AND user_id = $2 \
          UNION ALL \
          SELECT 2, floor_seq, NULL, NULL, NULL, 0 FROM user_room_floors WHERE room_id = $1 AND user_id = $2 \
          ORDER BY 1, 2, 4",
-    )
+        super::events::RUN_JOINS
+    )))
     .bind(room_id)
     .bind(user_id)
     .fetch_all(&mut db.reader())

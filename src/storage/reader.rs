@@ -115,6 +115,16 @@ pub enum Reader<'a> {
     Held(OwnedMutexGuard<PoolConnection<Any>>),
 }
 
+/// Calls an [`Executor`] method on whichever a [`Reader`] holds.
+macro_rules! on_either {
+    ($reader:expr, $method:ident($($arg:expr),*)) => {
+        match $reader {
+            Reader::Pool(pool) => pool.$method($($arg),*),
+            Reader::Held(conn) => held(conn).$method($($arg),*),
+        }
+    };
+}
+
 type BoxFuture<'e, T> = StdPin<Box<dyn Future<Output = T> + Send + 'e>>;
 
 impl<'c> Executor<'c> for &'c mut Reader<'_> {
@@ -128,10 +138,7 @@ impl<'c> Executor<'c> for &'c mut Reader<'_> {
         'c: 'e,
         E: 'q + Execute<'q, Any>,
     {
-        match self {
-            Reader::Pool(pool) => pool.fetch_many(query),
-            Reader::Held(conn) => held(conn).fetch_many(query),
-        }
+        on_either!(self, fetch_many(query))
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -142,10 +149,7 @@ impl<'c> Executor<'c> for &'c mut Reader<'_> {
         'c: 'e,
         E: 'q + Execute<'q, Any>,
     {
-        match self {
-            Reader::Pool(pool) => pool.fetch_optional(query),
-            Reader::Held(conn) => held(conn).fetch_optional(query),
-        }
+        on_either!(self, fetch_optional(query))
     }
 
     fn prepare_with<'e>(
@@ -156,10 +160,7 @@ impl<'c> Executor<'c> for &'c mut Reader<'_> {
     where
         'c: 'e,
     {
-        match self {
-            Reader::Pool(pool) => pool.prepare_with(sql, parameters),
-            Reader::Held(conn) => held(conn).prepare_with(sql, parameters),
-        }
+        on_either!(self, prepare_with(sql, parameters))
     }
 }
 
