@@ -40,6 +40,16 @@ struct Positions {
     forgotten: i64,
 }
 
+impl Positions {
+    /// See [`Streams::position`].
+    fn position(&self) -> i64 {
+        match self.in_flight.first() {
+            Some(first) => first - 1,
+            None => self.next - 1,
+        }
+    }
+}
+
 /// How many finished positions the change log keeps.
 const LOG_SIZE: usize = 4096;
 
@@ -96,6 +106,9 @@ pub struct Moved {
 #[derive(Debug, Default)]
 pub struct Streams {
     positions: Mutex<Positions>,
+    /// [`Streams::position`], sent as it moves: a request that a wake-up
+    /// found ahead of the position waits on it (see [`Streams::held_back`]).
+    advanced: watch::Sender<i64>,
 }
 
 /// A reserved position; finishing it (or dropping it) lets the stream
@@ -127,6 +140,9 @@ impl Drop for Reservation {
                 p.forgotten = p.forgotten.max(pos);
             }
         }
+        let position = p.position();
+        drop(p);
+        self.streams.advanced.send_if_modified(|at| std::mem::replace(at, position) != position);
     }
 }
 
@@ -140,6 +156,7 @@ impl Streams {
                 log: BTreeMap::new(),
                 forgotten: last,
             }),
+            advanced: watch::channel(last).0,
         })
     }
 
@@ -154,11 +171,23 @@ impl Streams {
 
     /// Every write at or below this position has finished.
     pub fn position(&self) -> i64 {
+        self.positions.lock().unwrap_or_else(|e| e.into_inner()).position()
+    }
+
+    /// Whether a write beyond `at` has finished though the position has not
+    /// reached it (an earlier write is still in flight): its wake-up may
+    /// already have been spent on a pass that could not see it, so a
+    /// request that read at `at` waits for the position as well
+    /// ([`Streams::watch_position`]).
+    pub fn held_back(&self, at: i64) -> bool {
         let p = self.positions.lock().unwrap_or_else(|e| e.into_inner());
-        match p.in_flight.first() {
-            Some(first) => first - 1,
-            None => p.next - 1,
-        }
+        let position = p.position();
+        p.log.range(at + 1..).next().is_some_and(|(pos, _)| *pos > position)
+    }
+
+    /// The position as it moves.
+    pub fn watch_position(&self) -> watch::Receiver<i64> {
+        self.advanced.subscribe()
     }
 
     /// What the writes after `after` up to `upto` (a position every write at
@@ -318,6 +347,25 @@ mod tests {
         assert_eq!(streams.position(), 10, "11 is still in flight");
         drop(a);
         assert_eq!(streams.position(), 12);
+    }
+
+    /// A write that finishes behind one still in flight is held back: the
+    /// position does not reach it, and reaching it is announced.
+    #[test]
+    fn a_write_finished_behind_one_in_flight_is_held_back_until_the_position_moves() {
+        let streams = Streams::starting_after(10);
+        let mut position = streams.watch_position();
+        let a = streams.reserve();
+        let b = streams.reserve();
+        assert!(!streams.held_back(10));
+        drop(b); // 12 finishes first: its wake-up finds the position at 10
+        assert!(streams.held_back(10), "12 is finished but not readable");
+        assert!(!position.has_changed().unwrap(), "the position has not moved");
+        drop(a);
+        assert!(position.has_changed().unwrap());
+        assert_eq!(*position.borrow_and_update(), 12);
+        assert!(!streams.held_back(10), "everything finished is readable");
+        assert!(!streams.held_back(12));
     }
 
     #[test]

@@ -140,10 +140,24 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
         if has_news || req.since.is_none() || req.full_state || final_pass || Instant::now() >= deadline {
             return Ok(body);
         }
+        // A write beyond this pass's position that finished while an earlier
+        // one is still in flight may have spent its wake-up on this pass:
+        // then the position reaching past it wakes the request too.
+        let read_at = pass.now.stream;
+        let mut advanced = state.streams.held_back(read_at).then(|| state.streams.watch_position());
         last = Some(pass);
         let remaining = deadline.saturating_duration_since(Instant::now());
         let waiting = state.notifier.waiting();
-        let woken = matches!(tokio::time::timeout(remaining, wake.changed()).await, Ok(Ok(())));
+        let woken = async {
+            match &mut advanced {
+                Some(position) => tokio::select! {
+                    changed = wake.changed() => changed.is_ok(),
+                    moved = position.wait_for(|at| *at > read_at) => moved.is_ok(),
+                },
+                None => wake.changed().await.is_ok(),
+            }
+        };
+        let woken = matches!(tokio::time::timeout(remaining, woken).await, Ok(true));
         drop(waiting);
         if !woken {
             // Timed out: one last pass for what landed meanwhile.
