@@ -30,6 +30,8 @@ backend_tests!(
     server_acls_are_enforced,
     v2_event_ids_must_be_signed_by_the_server_they_name,
     erased_users_events_go_to_other_servers_redacted,
+    a_remote_depth_cannot_break_local_writes,
+    remote_events_are_authorised_where_they_stand,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -726,6 +728,24 @@ async fn server_acls_are_enforced(backend: Backend) {
     assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "/event denied by the ACL");
     let page = seqline_messages(&a, &alice, &room).await;
     assert!(!page.to_string().contains("denied\""), "{page}");
+
+    // Nor may it invite our users into the room (the spec names /invite
+    // among the endpoints an ACL closes), whether or not we are in it.
+    let carol = a.server.register("carol", "pw").await;
+    let carol_id = a.user_id("carol");
+    let mut invite = json!({
+        "type": "m.room.member", "room_id": room, "sender": bob, "state_key": carol_id,
+        "content": { "membership": "invite" },
+        "prev_events": [join_id], "auth_events": [create_id, power_id, join_id],
+        "depth": join["depth"].as_i64().unwrap() + 1, "origin_server_ts": now_ms(),
+    });
+    let invite_id = acting.sign(&mut invite);
+    let uri = format!("/_matrix/federation/v2/invite/{}/{}", enc(&room), enc(&invite_id));
+    let body = json!({ "room_version": "11", "event": invite, "invite_room_state": [] });
+    let answer = acting.call("PUT", &uri, Some(&body)).await;
+    assert_error(&answer, 403, "M_FORBIDDEN", "an invite from a server the ACL denies");
+    let synced = complement_tests::api::sync_once(&a.server, &carol, None).await;
+    assert!(synced["rooms"]["invite"].get(&room).is_none(), "{synced}");
 }
 
 /// Room version 2 as another server (B) acting by hand: the make_join
@@ -899,4 +919,127 @@ async fn erased_users_events_go_to_other_servers_redacted(backend: Backend) {
         assert_eq!(content(&alices).unwrap()["body"], "alice's words", "{uri}");
         assert!(!page.to_string().contains("dave's words"), "{uri}: {page}");
     }
+}
+
+/// The largest depth the spec allows (2^53 - 1, the canonical JSON integer bound).
+const MAX_DEPTH: i64 = (1 << 53) - 1;
+
+/// Depth is the sender's hint: a remote message claiming the largest depth
+/// there is must not make every later local event too deep to build. Local
+/// sends, state changes, kicks and bans go on (depth capped at 2^53 - 1),
+/// also after a restart, and the huge depth moves nothing in the order.
+async fn a_remote_depth_cannot_break_local_writes(backend: Backend) {
+    let (mut a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let acting = Acting::new(&a, &b);
+    let (join_id, _, answer) = acting.join(&room, &bob).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let mut deep = json!({
+        "type": "m.room.message", "room_id": room, "sender": bob,
+        "content": { "msgtype": "m.text", "body": "from the deep" },
+        "prev_events": [join_id], "auth_events": [create_id, power_id, join_id],
+        "depth": MAX_DEPTH, "origin_server_ts": now_ms(),
+    });
+    let deep_id = acting.sign(&mut deep);
+    let (status, results) = acting.send_txn("deep1", &[&deep]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"], json!({ deep_id.clone(): {} }), "{results}");
+    drop(acting);
+
+    let (status, sent) =
+        a.server.put(&room_path(&room, "/send/m.room.message/d1"), Some(&alice.token), text("after")).await;
+    assert_eq!(status, 200, "{sent}\n{}", a.server.log());
+    let after = event_id_of(&sent);
+    assert_eq!(depth_of(&a, &b, &after).await, MAX_DEPTH);
+    let topic = room_path(&room, "/state/m.room.topic/");
+    let (status, body) = a.server.put(&topic, Some(&alice.token), json!({ "topic": "still here" })).await;
+    assert_eq!(status, 200, "{body}");
+
+    a.server.restart().await;
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/d2"), Some(&alice.token), text("restarted"))
+        .await;
+    assert_eq!(status, 200, "{sent}\n{}", a.server.log());
+    let kick = json!({ "user_id": bob, "reason": "deep" });
+    let (status, body) = a.server.post(&room_path(&room, "/ban"), Some(&alice.token), kick).await;
+    assert_eq!(status, 200, "{body}");
+    // The order is seqline's: the deep message sits where it arrived.
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(message_bodies(&page), ["from the deep", "after", "restarted"], "{page}");
+}
+
+/// The spec's checks 4 and 5 on a received PDU, not only the current state:
+/// an event with no prev events (only a create event may have none), a
+/// second create event, an event whose own auth events do not let its
+/// sender post (here: its sender's join left out), and an event placed
+/// after an event from before its sender joined are all rejected, though
+/// the current state would let each through; the room goes on.
+async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (_, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/w0"), Some(&alice.token), text("before bob"))
+        .await;
+    let before_bob = event_id_of(&sent);
+    let (join_id, join, answer) = acting.join(&room, &bob).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let depth = join["depth"].as_i64().unwrap() + 1;
+    let message = |body: &str, prev: Value, auth: Value| {
+        json!({
+            "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": body },
+            "prev_events": prev, "auth_events": auth, "depth": depth, "origin_server_ts": now_ms(),
+        })
+    };
+    let full_auth = json!([create_id, power_id, join_id]);
+    let mut no_prevs = message("no prevs", json!([]), full_auth.clone());
+    let no_prevs_id = acting.sign(&mut no_prevs);
+    let mut unjoined = message("auth without my join", json!([join_id]), json!([create_id, power_id]));
+    let unjoined_id = acting.sign(&mut unjoined);
+    let mut early = message("from before my join", json!([before_bob]), full_auth.clone());
+    let early_id = acting.sign(&mut early);
+    let mut create = json!({
+        "type": "m.room.create", "room_id": room, "sender": bob, "state_key": "",
+        "content": { "room_version": "11", "forged": true },
+        "prev_events": [], "auth_events": [], "depth": 1, "origin_server_ts": now_ms(),
+    });
+    let create2_id = acting.sign(&mut create);
+    let (status, results) = acting.send_txn("where1", &[&no_prevs, &unjoined, &early, &create]).await;
+    assert_eq!(status, 200, "{results}");
+    for id in [&no_prevs_id, &unjoined_id, &early_id, &create2_id] {
+        assert!(results["pdus"][id]["error"].is_string(), "{id} in {results}\n{}", a.server.log());
+    }
+    // The honest message after them is taken and is the last word.
+    let mut honest = message("honest", json!([join_id]), full_auth);
+    let honest_id = acting.sign(&mut honest);
+    let (status, results) = acting.send_txn("where2", &[&honest]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"], json!({ honest_id: {} }), "{results}");
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(message_bodies(&page), ["before bob", "honest"], "{page}");
+    let (status, sent) =
+        a.server.put(&room_path(&room, "/send/m.room.message/w1"), Some(&alice.token), text("alice")).await;
+    assert_eq!(status, 200, "{sent}");
+    let (status, create_now) =
+        a.server.get(&room_path(&room, "/state/m.room.create/"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{create_now}");
+    assert!(create_now.get("forged").is_none(), "{create_now}");
+}
+
+/// The depth of event `id` on `server` as `asking` reads it over federation.
+async fn depth_of(server: &FedServer, asking: &FedServer, id: &str) -> i64 {
+    let uri = format!("/_matrix/federation/v1/event/{}", enc(id));
+    let auth = x_matrix(&asking.name, &server.name, &asking.signing_key(), "GET", &uri, None);
+    let (status, body) = server.send("GET", &uri, Some(auth), None).await;
+    assert_eq!(status, 200, "{body}");
+    body["pdus"][0]["depth"].as_i64().unwrap()
 }

@@ -116,8 +116,9 @@ const MAX_STRIPPED: usize = 50;
 
 /// Another server invites one of our users (`/v2/invite`): the invite is
 /// checked (the room versions we federate only; a PDU of that version
-/// signed by the inviter's server; the inviter's own server is asking; an
-/// invite of a user of ours who exists), countersigned, kept with the room's stripped state
+/// signed by the inviter's server; the inviter's own server is asking and
+/// the room's server ACL, where we know it, lets it in; an invite of a user
+/// of ours who exists), countersigned, kept with the room's stripped state
 /// for the invitee's /sync, and returned. An invite into a room we are in
 /// is only countersigned: it reaches the room through the inviter's server.
 pub async fn receive_invite(
@@ -147,6 +148,8 @@ pub async fn receive_invite(
     if pdu.sender.server_name() != origin {
         return Err(Error::Forbidden(format!("{origin} cannot invite on behalf of {}", pdu.sender)));
     }
+    // A room we are in, or were: its server ACL closes /invite too.
+    super::acl::check(state, room_id.as_str(), origin).await?;
     if invitee.server_name() != state.settings.server_name
         || !crate::storage::users::localpart_exists(&state.db, invitee.localpart()).await?
     {

@@ -24,6 +24,22 @@ use crate::signing_key::ServerKey;
 /// The largest PDU the spec allows, in bytes of canonical JSON.
 pub const MAX_PDU_BYTES: usize = 65_536;
 
+/// The deepest an event may be (2^53 - 1, the canonical JSON integer bound).
+/// Depth is the sender's hint: a remote event may claim this much, and the
+/// events after it stay at it rather than fail to build.
+pub const MAX_DEPTH: u64 = (1 << 53) - 1;
+
+/// The depth an event takes after prev events whose deepest is `deepest`
+/// (a stored, possibly remote, value): one more, capped at [`MAX_DEPTH`].
+pub fn depth_after(deepest: i64) -> u64 {
+    u64::try_from(deepest).unwrap_or(0).saturating_add(1).min(MAX_DEPTH)
+}
+
+/// A depth as the room's head keeps it: what the sender claimed, capped.
+pub fn stored_depth(depth: u64) -> i64 {
+    i64::try_from(depth.min(MAX_DEPTH)).unwrap_or(0)
+}
+
 /// The longest event type and state key the spec allows, in bytes.
 pub const MAX_TYPE_OR_KEY_BYTES: usize = 255;
 
@@ -402,6 +418,16 @@ mod tests {
     use super::*;
     use ruma::signatures::{PublicKeyMap, PublicKeySet};
     use serde_json::json;
+
+    #[test]
+    fn depth_is_capped_whatever_a_sender_claimed() {
+        assert_eq!(depth_after(1), 2);
+        assert_eq!(depth_after(MAX_DEPTH as i64 - 1), MAX_DEPTH);
+        assert_eq!(depth_after(MAX_DEPTH as i64), MAX_DEPTH);
+        assert_eq!(depth_after(i64::MAX), MAX_DEPTH);
+        assert_eq!(depth_after(-5), 1);
+        assert_eq!(stored_depth(u64::MAX), MAX_DEPTH as i64);
+    }
 
     /// The key of the spec's signing test vectors (Appendices, "Signing key").
     fn spec_key() -> ServerKey {

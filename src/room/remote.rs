@@ -127,7 +127,7 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
         fed::add_joined(tx.conn(), room, server, *n).await?;
     }
     fed::delete_remote_invite(tx.conn(), user.as_str(), room).await?;
-    let depth = i64::try_from(join.depth).unwrap_or(i64::MAX);
+    let depth = crate::room::pdu::stored_depth(join.depth);
     rooms::set_head(tx.conn(), room, seq, &[join.event_id.to_string()], depth, true).await?;
     tx.commit().await?;
     drop(reservation);

@@ -146,7 +146,7 @@ impl RoomWriter {
             rules,
             last_seq: position::first(),
             extremities: vec![create.event_id.clone()],
-            max_depth: i64::try_from(create.depth).unwrap_or(1),
+            max_depth: pdu::stored_depth(create.depth),
             state,
             by_id,
             reservations: vec![(
@@ -296,7 +296,7 @@ impl RoomWriter {
             prev_events,
             auth_events,
             reference_hashes,
-            depth: u64::try_from(self.max_depth + 1).unwrap_or(1),
+            depth: pdu::depth_after(self.max_depth),
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
         };
         let pdu = pdu::build(&self.rules, &state.settings.server_name, &state.signing_key, draft, placement)?;
@@ -361,18 +361,25 @@ impl RoomWriter {
         if let Some(stored) = events::by_id_tx(self.tx.conn(), pdu.event_id.as_str()).await? {
             return Ok(Appended { pdu, seq: stored.seq, is_new: false });
         }
-        if pdu.room_id.as_deref() != Some(&*self.room_id) && pdu.kind != TimelineEventType::RoomCreate {
+        // The room has its create event: another one starts nothing here.
+        if pdu.kind == TimelineEventType::RoomCreate {
+            return Err(Error::Forbidden("The room has a create event already".into()));
+        }
+        if pdu.room_id.as_deref() != Some(&*self.room_id) {
             return Err(Error::BadJson("The event belongs to another room".into()));
+        }
+        if pdu.prev_events.is_empty() {
+            return Err(Error::Forbidden("Only a create event may have no prev events".into()));
         }
         let draft = pdu.as_draft()?;
         pdu::check_draft(&draft)?;
+        let mut prev_seqs = Vec::with_capacity(pdu.prev_events.len());
         for prev in &pdu.prev_events {
-            if events::by_id_tx(self.tx.conn(), prev.as_str())
+            let stored = events::by_id_tx(self.tx.conn(), prev.as_str())
                 .await?
-                .is_none_or(|e| e.room_id != self.room_id.as_str())
-            {
-                return Err(Error::MissingPrevEvents(format!("Previous event {prev} is not known")));
-            }
+                .filter(|e| e.room_id == self.room_id.as_str())
+                .ok_or_else(|| Error::MissingPrevEvents(format!("Previous event {prev} is not known")))?;
+            prev_seqs.push(stored.seq);
         }
         for id in &pdu.auth_events {
             if self.by_id.contains_key(id) {
@@ -387,7 +394,7 @@ impl RoomWriter {
             let auth = Pdu::from_stored(&held.event_id, &held.json)?;
             self.by_id.insert(auth.event_id.clone(), auth);
         }
-        let auth_types = ruma::state_res::auth_types_for_event(
+        let mut auth_types = ruma::state_res::auth_types_for_event(
             &pdu.kind,
             &pdu.sender,
             pdu.state_key.as_deref(),
@@ -395,14 +402,97 @@ impl RoomWriter {
             &self.rules.authorization,
         )
         .map_err(|e| Error::BadJson(format!("Invalid event: {e}")))?;
+        // The dependent checks read the create event even where (v12) it is
+        // not an auth event.
+        auth_types.push((StateEventType::RoomCreate, String::new()));
         for (state_type, state_key) in &auth_types {
             self.state_event(&state_type.to_string(), state_key).await?;
         }
-        self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
+        self.check_own_auth_events(&pdu)?;
+        self.check_state_before(&pdu, &prev_seqs, &auth_types).await?;
         let redacts = super::redaction::target(&self.rules, &pdu)?;
         self.check(&pdu, &draft, redacts.as_ref(), true).await??;
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await
+    }
+
+    /// The spec's check 4: `pdu` passes the rules with its own auth events
+    /// as the state (and the room's create event, which a v12 event does not
+    /// list); otherwise it is rejected.
+    fn check_own_auth_events(&self, pdu: &Pdu) -> Result<()> {
+        let create_key = (StateEventType::RoomCreate.to_string(), String::new());
+        let mut own: HashMap<(String, String), &Pdu> = HashMap::new();
+        if let Some(Some(create)) = self.state.get(&create_key) {
+            own.insert(create_key, create);
+        }
+        for auth in pdu.auth_events.iter().filter_map(|id| self.by_id.get(id)) {
+            if let Some(key) = &auth.state_key {
+                own.insert((auth.kind.to_string(), key.clone()), auth);
+            }
+        }
+        authorize(
+            &self.rules,
+            pdu,
+            |id| self.by_id.get(id),
+            |t, k| own.get(&(t.to_string(), k.to_owned())).copied(),
+        )
+        .map_err(|e| Error::Forbidden(format!("Rejected by its own auth events: {e}")))
+    }
+
+    /// The spec's check 5: `pdu` passes the rules with the state before it,
+    /// the state after its prev events (at `prev_seqs`), for the keys the
+    /// rules read (`keys`); otherwise it is rejected. An event whose prev
+    /// events are the room's forward extremities stands on the current
+    /// state (check 6 is the same). Where its prev events disagree on a key
+    /// the current state's value is taken: resolving them is state
+    /// resolution's, not yet done here.
+    async fn check_state_before(
+        &mut self,
+        pdu: &Pdu,
+        prev_seqs: &[i64],
+        keys: &[(StateEventType, String)],
+    ) -> Result<()> {
+        let mut prevs: Vec<&OwnedEventId> = pdu.prev_events.iter().collect();
+        let mut heads: Vec<&OwnedEventId> = self.extremities.iter().collect();
+        prevs.sort_unstable();
+        prevs.dedup();
+        heads.sort_unstable();
+        if prevs == heads {
+            return Ok(());
+        }
+        let room = self.room_id.to_string();
+        let mut before: HashMap<(String, String), Pdu> = HashMap::new();
+        for (state_type, state_key) in keys {
+            let kind = state_type.to_string();
+            let mut seen: Option<Option<crate::storage::events::StoredEvent>> = None;
+            let mut agreed = true;
+            for seq in prev_seqs {
+                let at = events::state_event_at_tx(self.tx.conn(), &room, &kind, state_key, *seq).await?;
+                match &seen {
+                    None => seen = Some(at),
+                    Some(first) => {
+                        agreed &= first.as_ref().map(|e| &e.event_id) == at.as_ref().map(|e| &e.event_id)
+                    }
+                }
+            }
+            let value = if agreed {
+                seen.flatten().map(|e| Pdu::from_stored(&e.event_id, &e.json)).transpose()?
+            } else {
+                tracing::info!(room_id = %room, event_id = %pdu.event_id, %kind, "prev events disagree: the current state decides");
+                self.state_event(&kind, state_key).await?.cloned()
+            };
+            if let Some(value) = value {
+                self.by_id.entry(value.event_id.clone()).or_insert_with(|| value.clone());
+                before.insert((kind, state_key.clone()), value);
+            }
+        }
+        authorize(
+            &self.rules,
+            pdu,
+            |id| self.by_id.get(id),
+            |t, k| before.get(&(t.to_string(), k.to_owned())),
+        )
+        .map_err(|e| Error::Forbidden(format!("Rejected by the state before it: {e}")))
     }
 
     /// Puts an authorised event at the head of the line: next seq, stream
@@ -518,7 +608,7 @@ impl RoomWriter {
         self.reservations
             .push((reservation, AppendedEvent { seq, state: draft.state_key.is_some(), member }));
         self.last_seq = seq;
-        self.max_depth = self.max_depth.max(i64::try_from(pdu.depth).unwrap_or(i64::MAX));
+        self.max_depth = self.max_depth.max(pdu::stored_depth(pdu.depth));
         // The new event replaces the extremities it points at (all of them
         // for a local event; a remote one may leave others standing).
         self.extremities.retain(|e| !pdu.prev_events.contains(e));

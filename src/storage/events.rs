@@ -601,12 +601,24 @@ pub async fn state_event_at(
     state_key: &str,
     at: i64,
 ) -> Result<Option<StoredEvent>> {
+    state_event_at_tx(db.read_conn().await?.conn(), room_id, event_type, state_key, at).await
+}
+
+/// [`state_event_at`] inside a transaction (a room writer sees what it
+/// placed before committing).
+pub async fn state_event_at_tx(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+    at: i64,
+) -> Result<Option<StoredEvent>> {
     let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql::state_event_at()))
         .bind(room_id)
         .bind(event_type)
         .bind(state_key)
         .bind(at)
-        .fetch_optional(&mut db.reader())
+        .fetch_optional(&mut *conn)
         .await?;
     Ok(row.and_then(from_run_row))
 }
