@@ -32,6 +32,8 @@ backend_tests!(
     erased_users_events_go_to_other_servers_redacted,
     a_remote_depth_cannot_break_local_writes,
     remote_events_are_authorised_where_they_stand,
+    concurrent_state_resolves_by_the_rules,
+    a_join_undone_by_resolution_ends_the_stay,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -1042,4 +1044,174 @@ async fn depth_of(server: &FedServer, asking: &FedServer, id: &str) -> i64 {
     let (status, body) = server.send("GET", &uri, Some(auth), None).await;
     assert_eq!(status, 200, "{body}");
     body["pdus"][0]["depth"].as_i64().unwrap()
+}
+
+/// A room on A (v11, `shared`) with B's bob joined through make_join and
+/// send_join and given power 50 by alice: answers the room, the ids of its
+/// create event, bob's join and the power levels now (the room's tip).
+async fn room_with_bob_at_50(
+    a: &FedServer,
+    acting: &Acting<'_>,
+    alice: &User,
+    bob: &str,
+) -> (String, String, String, String) {
+    let room = create_room(&a.server, alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (join_id, _, answer) = acting.join(&room, bob).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let (status, power) =
+        a.server.get(&room_path(&room, "/state/m.room.power_levels/"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{power}");
+    let mut power = power;
+    power["users"][bob] = json!(50);
+    let (status, sent) =
+        a.server.put(&room_path(&room, "/state/m.room.power_levels/"), Some(&alice.token), power).await;
+    assert_eq!(status, 200, "{sent}");
+    (room, create_id, join_id, event_id_of(&sent))
+}
+
+/// A state event of bob's (power 50) on B, after `prev`.
+fn bob_state(
+    room: &str,
+    bob: &str,
+    kind: &str,
+    content: Value,
+    prev: &[&str],
+    auth: &[&str],
+    ts: i64,
+) -> Value {
+    json!({
+        "type": kind, "room_id": room, "sender": bob, "state_key": "", "content": content,
+        "prev_events": prev, "auth_events": auth, "depth": 20, "origin_server_ts": ts,
+    })
+}
+
+async fn topic_now(a: &FedServer, user: &User, room: &str) -> Value {
+    let (status, topic) = a.server.get(&room_path(room, "/state/m.room.topic/"), Some(&user.token)).await;
+    assert_eq!(status, 200, "{topic}");
+    topic["topic"].clone()
+}
+
+/// Two topics set at once on two servers: the room's topic is the one state
+/// resolution picks (of two events authorised by the same power levels,
+/// the later `origin_server_ts`), not the one that arrived last; a third
+/// after the losing branch wins when it is later still. Resolution reads the
+/// losing branch's own state back (bob's third topic stands on his second).
+async fn concurrent_state_resolves_by_the_rules(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let (room, create_id, join_id, power_id) = room_with_bob_at_50(&a, &acting, &alice, &bob).await;
+    let auth = [create_id.as_str(), power_id.as_str(), join_id.as_str()];
+
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room, "/state/m.room.topic/"), Some(&alice.token), json!({ "topic": "one" }))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    // Bob's, made before he saw alice's: an earlier timestamp.
+    let mut two = bob_state(
+        &room,
+        &bob,
+        "m.room.topic",
+        json!({ "topic": "two" }),
+        &[&power_id],
+        &auth,
+        now_ms() - 60_000,
+    );
+    let two_id = acting.sign(&mut two);
+    let (status, results) = acting.send_txn("topic2", &[&two]).await;
+    assert_eq!(results["pdus"], json!({ two_id.clone(): {} }), "{status} {results}\n{}", a.server.log());
+    assert_eq!(topic_now(&a, &alice, &room).await, "one");
+    // Both topic events are in the room's history.
+    let page = seqline_messages(&a, &alice, &room).await;
+    let ids: Vec<&str> =
+        page["chunk"].as_array().unwrap().iter().filter_map(|e| e["event_id"].as_str()).collect();
+    assert!(ids.contains(&event_id_of(&sent).as_str()) && ids.contains(&two_id.as_str()), "{page}");
+
+    let mut three = bob_state(
+        &room,
+        &bob,
+        "m.room.topic",
+        json!({ "topic": "three" }),
+        &[&two_id],
+        &auth,
+        now_ms() + 60_000,
+    );
+    let three_id = acting.sign(&mut three);
+    let (status, results) = acting.send_txn("topic3", &[&three]).await;
+    assert_eq!(results["pdus"], json!({ three_id: {} }), "{status} {results}");
+    assert_eq!(topic_now(&a, &alice, &room).await, "three");
+    // Alice's next event joins the branches; the topic stays.
+    let (status, sent) =
+        a.server.put(&room_path(&room, "/send/m.room.message/r1"), Some(&alice.token), text("merged")).await;
+    assert_eq!(status, 200, "{sent}");
+    assert_eq!(topic_now(&a, &alice, &room).await, "three");
+}
+
+/// Carol (ours) joins a public room while bob (B, power 50) makes it
+/// invite-only on a branch that never saw her join: state resolution keeps
+/// the join rule and drops her join. Her stay ends before the change (she
+/// keeps what she read), the room moves to `leave` in her /sync, she can no
+/// longer post, and alice no longer counts her among the members.
+async fn a_join_undone_by_resolution_ends_the_stay(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let carol = a.server.register("carol", "pw").await;
+    let bob = b.user_id("bob");
+    let (room, create_id, join_id, power_id) = room_with_bob_at_50(&a, &acting, &alice, &bob).await;
+    let (_, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/j0"), Some(&alice.token), text("before carol"))
+        .await;
+    let before_carol = event_id_of(&sent);
+    join_locally(&a.server, &carol, &room).await;
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/j1"), Some(&carol.token), text("carol here"))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let since = complement_tests::api::sync_once(&a.server, &carol, None).await["next_batch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let auth = [create_id.as_str(), power_id.as_str(), join_id.as_str()];
+    let mut invite_only = bob_state(
+        &room,
+        &bob,
+        "m.room.join_rules",
+        json!({ "join_rule": "invite" }),
+        &[&before_carol],
+        &auth,
+        now_ms(),
+    );
+    let invite_only_id = acting.sign(&mut invite_only);
+    let (status, results) = acting.send_txn("rules1", &[&invite_only]).await;
+    assert_eq!(
+        results["pdus"],
+        json!({ invite_only_id.clone(): {} }),
+        "{status} {results}\n{}",
+        a.server.log()
+    );
+
+    let mut expected = vec![a.user_id("alice"), bob.clone()];
+    expected.sort_unstable();
+    assert_eq!(joined_members(&a, &alice, &room).await, expected);
+    let (status, rules) =
+        a.server.get(&room_path(&room, "/state/m.room.join_rules/"), Some(&alice.token)).await;
+    assert_eq!((status, rules["join_rule"].as_str()), (200, Some("invite")), "{rules}");
+    let synced = complement_tests::api::sync_once(&a.server, &carol, Some(&since)).await;
+    assert!(synced["rooms"]["leave"].get(&room).is_some(), "{synced}");
+    assert!(synced["rooms"]["join"].get(&room).is_none(), "{synced}");
+    let (status, body) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/j2"), Some(&carol.token), text("still here?"))
+        .await;
+    assert_eq!(status, 403, "{body}");
+    // What she read while she was in stays hers; bob's change is not.
+    let page = seqline_messages(&a, &carol, &room).await;
+    assert_eq!(message_bodies(&page), ["before carol", "carol here"], "{page}");
+    assert!(!page.to_string().contains(&invite_only_id), "{page}");
 }

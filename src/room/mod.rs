@@ -21,6 +21,7 @@ pub mod read;
 pub mod redaction;
 pub mod relations;
 pub mod remote;
+pub mod resolution;
 pub mod search;
 pub mod spaces;
 pub mod timeline;

@@ -19,6 +19,8 @@ use crate::storage::events::{self, NewEvent, Txn};
 use crate::storage::{self, RoomTx, memberships, rooms};
 use crate::streams::{Change, Reservation};
 
+mod fork;
+
 /// The memberships that have ranges: stays (`join`), invites and knocks
 /// (which let their holder read only the events that end them).
 const RANGE_KINDS: [&str; 3] = ["join", "invite", "knock"];
@@ -93,6 +95,8 @@ pub struct RoomWriter {
     servers: Option<Vec<String>>,
     /// Servers this transaction queued events for (woken after commit).
     destinations: std::collections::BTreeSet<String>,
+    /// Users whose membership a state resolution moved (woken after commit).
+    resolved_targets: Vec<String>,
     tx: RoomTx,
 }
 
@@ -122,6 +126,7 @@ impl RoomWriter {
             state_changed: false,
             servers: None,
             destinations: Default::default(),
+            resolved_targets: Vec::new(),
             tx,
         })
     }
@@ -151,11 +156,12 @@ impl RoomWriter {
             by_id,
             reservations: vec![(
                 create_stream,
-                AppendedEvent { seq: position::first(), state: true, member: None },
+                AppendedEvent { seq: position::first(), state: true, member: None, resolved: false },
             )],
             state_changed: true,
             servers: None,
             destinations: Default::default(),
+            resolved_targets: Vec::new(),
             tx,
         }
     }
@@ -409,11 +415,23 @@ impl RoomWriter {
             self.state_event(&state_type.to_string(), state_key).await?;
         }
         self.check_own_auth_events(&pdu)?;
-        self.check_state_before(&pdu, &prev_seqs, &auth_types).await?;
+        // Off the room's head (a fork, or a join of forks): the state before
+        // it, from its prev events' states, resolved where they differ.
+        let fork = if self.extends_every_tip(&pdu) {
+            None
+        } else {
+            let fork = self.state_before(state.db.backend, &pdu, &prev_seqs, &auth_types).await?;
+            fork.check(&self.rules, &pdu, &self.by_id)?;
+            Some(fork)
+        };
         let redacts = super::redaction::target(&self.rules, &pdu)?;
         self.check(&pdu, &draft, redacts.as_ref(), true).await??;
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
-        self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await
+        let appended = self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await?;
+        if let Some(fork) = fork {
+            self.resolve_head(state.db.backend, &appended, fork).await?;
+        }
+        Ok(appended)
     }
 
     /// The spec's check 4: `pdu` passes the rules with its own auth events
@@ -437,62 +455,6 @@ impl RoomWriter {
             |t, k| own.get(&(t.to_string(), k.to_owned())).copied(),
         )
         .map_err(|e| Error::Forbidden(format!("Rejected by its own auth events: {e}")))
-    }
-
-    /// The spec's check 5: `pdu` passes the rules with the state before it,
-    /// the state after its prev events (at `prev_seqs`), for the keys the
-    /// rules read (`keys`); otherwise it is rejected. An event whose prev
-    /// events are the room's forward extremities stands on the current
-    /// state (check 6 is the same). Where its prev events disagree on a key
-    /// the current state's value is taken: resolving them is state
-    /// resolution's, not yet done here.
-    async fn check_state_before(
-        &mut self,
-        pdu: &Pdu,
-        prev_seqs: &[i64],
-        keys: &[(StateEventType, String)],
-    ) -> Result<()> {
-        let mut prevs: Vec<&OwnedEventId> = pdu.prev_events.iter().collect();
-        let mut heads: Vec<&OwnedEventId> = self.extremities.iter().collect();
-        prevs.sort_unstable();
-        prevs.dedup();
-        heads.sort_unstable();
-        if prevs == heads {
-            return Ok(());
-        }
-        let room = self.room_id.to_string();
-        let mut before: HashMap<(String, String), Pdu> = HashMap::new();
-        for (state_type, state_key) in keys {
-            let kind = state_type.to_string();
-            let mut seen: Option<Option<crate::storage::events::StoredEvent>> = None;
-            let mut agreed = true;
-            for seq in prev_seqs {
-                let at = events::state_event_at_tx(self.tx.conn(), &room, &kind, state_key, *seq).await?;
-                match &seen {
-                    None => seen = Some(at),
-                    Some(first) => {
-                        agreed &= first.as_ref().map(|e| &e.event_id) == at.as_ref().map(|e| &e.event_id)
-                    }
-                }
-            }
-            let value = if agreed {
-                seen.flatten().map(|e| Pdu::from_stored(&e.event_id, &e.json)).transpose()?
-            } else {
-                tracing::info!(room_id = %room, event_id = %pdu.event_id, %kind, "prev events disagree: the current state decides");
-                self.state_event(&kind, state_key).await?.cloned()
-            };
-            if let Some(value) = value {
-                self.by_id.entry(value.event_id.clone()).or_insert_with(|| value.clone());
-                before.insert((kind, state_key.clone()), value);
-            }
-        }
-        authorize(
-            &self.rules,
-            pdu,
-            |id| self.by_id.get(id),
-            |t, k| before.get(&(t.to_string(), k.to_owned())),
-        )
-        .map_err(|e| Error::Forbidden(format!("Rejected by the state before it: {e}")))
     }
 
     /// Puts an authorised event at the head of the line: next seq, stream
@@ -605,8 +567,10 @@ impl RoomWriter {
             self.apply_pending_redactions(&pdu).await?;
         }
         let member = membership_change.as_ref().map(|(target, _, _)| target.clone());
-        self.reservations
-            .push((reservation, AppendedEvent { seq, state: draft.state_key.is_some(), member }));
+        self.reservations.push((
+            reservation,
+            AppendedEvent { seq, state: draft.state_key.is_some(), member, resolved: false },
+        ));
         self.last_seq = seq;
         self.max_depth = self.max_depth.max(pdu::stored_depth(pdu.depth));
         // The new event replaces the extremities it points at (all of them
@@ -779,6 +743,7 @@ impl RoomWriter {
             state,
             by_id,
             destinations,
+            resolved_targets,
             ..
         } = self;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
@@ -788,9 +753,14 @@ impl RoomWriter {
         // The seqs appended and the membership targets, then what each
         // position was, for the syncs that wake on them.
         let appended = reservations.first().zip(reservations.last()).map(|((_, a), (_, b))| (a.seq, b.seq));
-        let targets: Vec<String> = reservations.iter().filter_map(|(_, e)| e.member.clone()).collect();
-        for (reservation, AppendedEvent { seq, state, member }) in reservations {
-            reservation.finish(Change::Room { room: room_id.to_string(), seq, state, member });
+        let mut targets: Vec<String> = reservations.iter().filter_map(|(_, e)| e.member.clone()).collect();
+        targets.extend(resolved_targets);
+        for (reservation, AppendedEvent { seq, state, member, resolved }) in reservations {
+            reservation.finish(if resolved {
+                Change::Unknown
+            } else {
+                Change::Room { room: room_id.to_string(), seq, state, member }
+            });
         }
         Ok((Committed { room_id, appended, destinations, targets }, StateCache::new(last_seq, state, by_id)))
     }
@@ -833,6 +803,9 @@ struct AppendedEvent {
     seq: i64,
     state: bool,
     member: Option<String>,
+    /// A state resolution changed the room's state at it beyond its own
+    /// key: the change log says "unknown" (a woken sync reads it all).
+    resolved: bool,
 }
 
 #[must_use = "announce wakes the syncs that wait for these events"]

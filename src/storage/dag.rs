@@ -67,6 +67,17 @@ pub async fn auth_chain_ids(db: &Db, event_ids: &[&str]) -> Result<Vec<String>> 
 
 /// [`auth_chain_ids`] refusing chains of more than `cap` ids.
 pub(super) async fn auth_chain_ids_capped(db: &Db, event_ids: &[&str], cap: usize) -> Result<Vec<String>> {
+    auth_chain_ids_tx(db.read_conn().await?.conn(), db.backend, event_ids, cap).await
+}
+
+/// [`auth_chain_ids`] inside a transaction on a database of `backend`,
+/// refusing chains of more than `cap` ids.
+pub async fn auth_chain_ids_tx(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    event_ids: &[&str],
+    cap: usize,
+) -> Result<Vec<String>> {
     if event_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -75,7 +86,7 @@ pub(super) async fn auth_chain_ids_capped(db: &Db, event_ids: &[&str], cap: usiz
     // index seek each: PostgreSQL is kept from hashing the whole edge table
     // for it by the LATERAL subquery (OFFSET 0 keeps it from being flattened
     // into a join); SQLite has no LATERAL and always seeks.
-    let (seeds, step) = match db.backend {
+    let (seeds, step) = match backend {
         Backend::Sqlite => (
             "SELECT value FROM json_each($1)",
             "SELECT a.auth_id FROM chain c JOIN event_auth_edges a ON a.event_id = c.id",
@@ -99,11 +110,8 @@ pub(super) async fn auth_chain_ids_capped(db: &Db, event_ids: &[&str], cap: usiz
     let seeds =
         serde_json::to_string(event_ids).map_err(|e| Error::Internal(format!("auth chain seeds: {e}")))?;
     let limit = i64::try_from(cap).unwrap_or(i64::MAX - 1) + 1;
-    let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(seeds)
-        .bind(limit)
-        .fetch_all(&mut db.reader())
-        .await?;
+    let ids: Vec<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(seeds).bind(limit).fetch_all(&mut *conn).await?;
     if ids.len() > cap {
         return Err(Error::TooLarge(format!("The auth chain has more than {cap} events")));
     }

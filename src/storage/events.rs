@@ -153,6 +153,12 @@ pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()
     Ok(())
 }
 
+/// The event id `room_state` holds for a key a state resolution left
+/// absent: no event has it, so every reader joining the row to its event
+/// finds none (the key is absent), and the key stays listed for the
+/// readers of older positions.
+pub const ABSENT: &str = "";
+
 /// Makes `event_id` (placed or outlier) the current state for (type, state
 /// key), as of position `seq`; `membership` is a member event's
 /// `content.membership`. `room_state` also lists the keys the state readers
@@ -601,24 +607,12 @@ pub async fn state_event_at(
     state_key: &str,
     at: i64,
 ) -> Result<Option<StoredEvent>> {
-    state_event_at_tx(db.read_conn().await?.conn(), room_id, event_type, state_key, at).await
-}
-
-/// [`state_event_at`] inside a transaction (a room writer sees what it
-/// placed before committing).
-pub async fn state_event_at_tx(
-    conn: &mut AnyConnection,
-    room_id: &str,
-    event_type: &str,
-    state_key: &str,
-    at: i64,
-) -> Result<Option<StoredEvent>> {
     let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql::state_event_at()))
         .bind(room_id)
         .bind(event_type)
         .bind(state_key)
         .bind(at)
-        .fetch_optional(&mut *conn)
+        .fetch_optional(&mut db.reader())
         .await?;
     Ok(row.and_then(from_run_row))
 }

@@ -121,6 +121,11 @@ pub(super) fn in_list(n: usize) -> String {
 /// The events we hold among `ids` (placed or outlier), in no particular
 /// order, each once; ids not held are left out.
 pub async fn held_by_ids(db: &Db, ids: &[&str]) -> Result<Vec<Held>> {
+    held_by_ids_tx(db.read_conn().await?.conn(), ids).await
+}
+
+/// [`held_by_ids`] inside a transaction.
+pub async fn held_by_ids_tx(conn: &mut AnyConnection, ids: &[&str]) -> Result<Vec<Held>> {
     let mut found = std::collections::HashMap::new();
     for chunk in ids.chunks(IDS_PER_QUERY) {
         let sql = held_sql(&in_list(chunk.len()));
@@ -128,7 +133,7 @@ pub async fn held_by_ids(db: &Db, ids: &[&str]) -> Result<Vec<Held>> {
         for id in chunk {
             query = query.bind(*id);
         }
-        for (event_id, room_id, seq, json) in query.fetch_all(&mut db.reader()).await? {
+        for (event_id, room_id, seq, json) in query.fetch_all(&mut *conn).await? {
             let held = Held { event_id: event_id.clone(), room_id, seq, json };
             match found.get(&event_id) {
                 Some(Held { seq: Some(_), .. }) => {}

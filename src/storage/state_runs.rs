@@ -126,3 +126,59 @@ async fn state_before(
     .await?;
     Ok(rows.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
 }
+
+/// The keys where the state after `event_id` differs from the state at its
+/// position (see migration 0033): (type, state key, event id or `None` for
+/// absent). Empty for an event on the room's main line.
+pub async fn fork_state(
+    conn: &mut AnyConnection,
+    event_id: &str,
+) -> Result<Vec<(String, String, Option<String>)>> {
+    Ok(sqlx::query_as("SELECT event_type, state_key, state_event_id FROM fork_states WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_all(conn)
+        .await?)
+}
+
+/// Records where the state after `event_id` differs from the state at its
+/// position (`rows`: type, state key, event id or `None` for absent).
+pub async fn put_fork_state(
+    conn: &mut AnyConnection,
+    event_id: &str,
+    rows: &[(&str, &str, Option<&str>)],
+) -> Result<()> {
+    for (event_type, state_key, state_event_id) in rows {
+        sqlx::query(
+            "INSERT INTO fork_states (event_id, event_type, state_key, state_event_id) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (event_id, event_type, state_key) DO UPDATE SET state_event_id = excluded.state_event_id",
+        )
+        .bind(event_id)
+        .bind(*event_type)
+        .bind(*state_key)
+        .bind(*state_event_id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The room's state after position `seq` as ids: (type, state key, event
+/// id) for each key present there. One seek per key of the room (the keys
+/// are those of `room_state`), the events themselves not read.
+pub async fn ids_at(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    seq: i64,
+) -> Result<Vec<(String, String, String)>> {
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT s.event_type, s.state_key, \
+           (SELECT r.event_id FROM state_runs r WHERE r.room_id = s.room_id AND r.event_type = s.event_type \
+              AND r.state_key = s.state_key AND r.seq <= $2 ORDER BY r.seq DESC LIMIT 1) \
+         FROM room_state s WHERE s.room_id = $1",
+    )
+    .bind(room_id)
+    .bind(seq)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().filter_map(|(t, k, e)| Some((t, k, e?))).collect())
+}

@@ -1,0 +1,12 @@
+-- The state after an event that stood on a fork of the room's graph, where
+-- it differs from the room's state at the event's position (`state_runs`
+-- keeps the room's current state as it was after each position; an event
+-- on a side branch saw another state). One row per differing key;
+-- state_event_id NULL: the key was absent in the event's state.
+CREATE TABLE fork_states (
+    event_id       TEXT NOT NULL,
+    event_type     TEXT NOT NULL,
+    state_key      TEXT NOT NULL,
+    state_event_id TEXT,
+    PRIMARY KEY (event_id, event_type, state_key)
+);
