@@ -34,6 +34,7 @@ backend_tests!(
     remote_events_are_authorised_where_they_stand,
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
+    a_branch_from_before_a_join_stays_hidden_under_joined,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -1214,4 +1215,76 @@ async fn a_join_undone_by_resolution_ends_the_stay(backend: Backend) {
     let page = seqline_messages(&a, &carol, &room).await;
     assert_eq!(message_bodies(&page), ["before carol", "carol here"], "{page}");
     assert!(!page.to_string().contains(&invite_only_id), "{page}");
+}
+
+/// Bob (B) answers on a branch that forked before carol joined: under
+/// `joined` his message is not carol's to read (the state it was sent in
+/// does not have her), though it lands after her join on our line; alice,
+/// joined all along, reads it; under `shared` carol reads it too. What comes
+/// after the branches meet is carol's again.
+async fn a_branch_from_before_a_join_stays_hidden_under_joined(backend: Backend) {
+    for visibility in ["joined", "shared"] {
+        let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+        let acting = Acting::new(&a, &b);
+        let alice = a.server.register("alice", "pw").await;
+        let carol = a.server.register("carol", "pw").await;
+        let bob = b.user_id("bob");
+        let room = create_room(
+            &a.server,
+            &alice,
+            json!({
+                "preset": "public_chat", "room_version": "11",
+                "initial_state": [{
+                    "type": "m.room.history_visibility", "state_key": "",
+                    "content": { "history_visibility": visibility }
+                }],
+            }),
+        )
+        .await;
+        let (join_id, join, answer) = acting.join(&room, &bob).await;
+        let create_id = state_id(&answer["state"], "m.room.create", "");
+        let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+        let (_, sent) = a
+            .server
+            .put(&room_path(&room, "/send/m.room.message/f0"), Some(&alice.token), text("alice first"))
+            .await;
+        let first = event_id_of(&sent);
+        join_locally(&a.server, &carol, &room).await;
+        let mut branch = json!({
+            "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": "from the branch" },
+            "prev_events": [first], "auth_events": [create_id, power_id, join_id],
+            "depth": join["depth"].as_i64().unwrap() + 2, "origin_server_ts": now_ms(),
+        });
+        let branch_id = acting.sign(&mut branch);
+        let (status, results) = acting.send_txn("branch1", &[&branch]).await;
+        assert_eq!(
+            results["pdus"],
+            json!({ branch_id.clone(): {} }),
+            "{status} {results}\n{}",
+            a.server.log()
+        );
+        let (status, sent) = a
+            .server
+            .put(&room_path(&room, "/send/m.room.message/f1"), Some(&alice.token), text("merged"))
+            .await;
+        assert_eq!(status, 200, "{sent}");
+
+        let page = seqline_messages(&a, &alice, &room).await;
+        assert_eq!(message_bodies(&page), ["alice first", "from the branch", "merged"], "{page}");
+        let page = seqline_messages(&a, &carol, &room).await;
+        let expected: &[&str] = if visibility == "joined" {
+            &["from the branch", "merged"][1..]
+        } else {
+            &["alice first", "from the branch", "merged"]
+        };
+        assert_eq!(message_bodies(&page), expected, "{visibility}: {page}");
+        let (status, event) =
+            a.server.get(&room_path(&room, &format!("/event/{}", enc(&branch_id))), Some(&carol.token)).await;
+        assert_eq!(status == 200, visibility == "shared", "{visibility}: {status} {event}");
+        let synced = complement_tests::api::sync_once(&a.server, &carol, None).await;
+        let timeline = synced["rooms"]["join"][&room]["timeline"].to_string();
+        assert_eq!(timeline.contains("from the branch"), visibility == "shared", "{visibility}: {synced}");
+        assert!(timeline.contains("merged"), "{synced}");
+    }
 }

@@ -225,6 +225,55 @@ impl RoomWriter {
                 differs.iter().map(|(t, k, e)| (t.as_str(), k.as_str(), e.as_deref())).collect();
             state_runs::put_fork_state(self.tx.conn(), pdu.event_id.as_str(), &rows).await?;
         }
+        let resolved: Vec<&(StateEventType, String)> = changed.iter().map(|(key, _)| *key).collect();
+        self.split_stays(appended.seq, &own, &current, &resolved, &mut events).await
+    }
+
+    /// Members joined in the room's state (`current`) but not in the state
+    /// an event at `seq` saw (`own`: it stands on a branch from before
+    /// their join): the event is not theirs to read under `joined`, so
+    /// their stay is split around it (`shared` still opens it, by the stay
+    /// that goes on after it). Keys the resolution moved at `seq`
+    /// (`resolved`) had their rows written there already.
+    async fn split_stays(
+        &mut self,
+        seq: i64,
+        own: &StateIds,
+        current: &StateIds,
+        resolved: &[&(StateEventType, String)],
+        events: &mut Events,
+    ) -> Result<()> {
+        let keys: Vec<&(StateEventType, String)> = current
+            .iter()
+            .filter(|(key, id)| {
+                key.0 == StateEventType::RoomMember && own.get(*key) != Some(*id) && !resolved.contains(key)
+            })
+            .map(|(key, _)| key)
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.load(
+            events,
+            keys.iter().filter_map(|k| own.get(*k)).chain(keys.iter().filter_map(|k| current.get(*k))),
+        )
+        .await?;
+        let joined = |id: Option<&OwnedEventId>| {
+            id.and_then(|id| events.get(id))
+                .and_then(|p| p.content_as::<serde_json::Value>())
+                .is_some_and(|c| c["membership"] == "join")
+        };
+        let room = self.room_id.to_string();
+        for key in keys {
+            if joined(current.get(key)) && !joined(own.get(key)) {
+                let user = key.1.as_str();
+                crate::storage::memberships::close(self.tx.conn(), &room, user, "join", seq - 1).await?;
+                crate::storage::memberships::open(self.tx.conn(), &room, user, "join", seq + 1, seq + 1)
+                    .await?;
+                // What readers cached of the ranges is stale now.
+                self.state_changed = true;
+            }
+        }
         Ok(())
     }
 
