@@ -35,6 +35,7 @@ backend_tests!(
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
     a_branch_from_before_a_join_stays_hidden_under_joined,
+    soft_failed_events_are_kept_and_never_shown,
 );
 
 async fn synapse_user_joins_talks_and_leaves_v12(backend: Backend) {
@@ -424,11 +425,14 @@ async fn remote_joins_and_events_are_checked(backend: Backend) {
     let ban = json!({ "user_id": bob, "reason": "test" });
     let (status, body) = a.server.post(&room_path(&room, "/ban"), Some(&alice.token), ban).await;
     assert_eq!(status, 200, "{body}");
+    // B has no one left in the room: it may send nothing more to it.
     let mut late = message("after the ban", &tampered_id);
     let late_id = acting.sign(&mut late);
     let (status, results) = acting.send_txn("t3", &[&late]).await;
     assert_eq!(status, 200, "{results}");
     assert!(results["pdus"][&late_id]["error"].is_string(), "{results}");
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert!(!page.to_string().contains("after the ban"), "{page}");
     assert_error(&acting.call("GET", &event_uri, None).await, 403, "M_FORBIDDEN", "after the ban");
     // A transaction too large is refused whole.
     let many: Vec<&Value> = std::iter::repeat_n(&late, 51).collect();
@@ -1287,4 +1291,88 @@ async fn a_branch_from_before_a_join_stays_hidden_under_joined(backend: Backend)
         assert_eq!(timeline.contains("from the branch"), visibility == "shared", "{visibility}: {synced}");
         assert!(timeline.contains("merged"), "{synced}");
     }
+}
+
+/// Bob and dave of B share a room of A's. Alice bans bob; bob's message
+/// made before he heard of it (its prev event is from before the ban)
+/// passes the rules where it stands and fails them against the room's
+/// state now: soft-failed. The transaction takes it, no one on A reads it
+/// (/messages, /sync, /event), our next event does not build on it, and
+/// B, still in the room, can fetch it. Dave's answer to it passes and is
+/// shown.
+async fn soft_failed_events_are_kept_and_never_shown(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let (bob, dave) = (b.user_id("bob"), b.user_id("dave"));
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (bob_join, _, answer) = acting.join(&room, &bob).await;
+    let (dave_join, _, _) = acting.join(&room, &dave).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let (_, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/s0"), Some(&alice.token), text("before the ban"))
+        .await;
+    let before_ban = event_id_of(&sent);
+    let (status, body) =
+        a.server.post(&room_path(&room, "/ban"), Some(&alice.token), json!({ "user_id": bob })).await;
+    assert_eq!(status, 200, "{body}");
+    let since = complement_tests::api::sync_once(&a.server, &alice, None).await["next_batch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let message = |sender: &str, body: &str, prev: &str, join: &str| {
+        json!({
+            "type": "m.room.message", "room_id": room, "sender": sender,
+            "content": { "msgtype": "m.text", "body": body },
+            "prev_events": [prev], "auth_events": [create_id, power_id, join],
+            "depth": 30, "origin_server_ts": now_ms(),
+        })
+    };
+    let mut unheard = message(&bob, "did not hear of the ban", &before_ban, &bob_join);
+    let unheard_id = acting.sign(&mut unheard);
+    let (status, results) = acting.send_txn("soft1", &[&unheard]).await;
+    assert_eq!(results["pdus"], json!({ unheard_id.clone(): {} }), "{status} {results}\n{}", a.server.log());
+    // Sent again, by /send or as a prev event fetched later: still kept once, still hidden.
+    let (_, results) = acting.send_txn("soft2", &[&unheard]).await;
+    assert_eq!(results["pdus"], json!({ unheard_id.clone(): {} }), "{results}");
+
+    let mut reply = message(&dave, "dave answers", &unheard_id, &dave_join);
+    let reply_id = acting.sign(&mut reply);
+    let (status, results) = acting.send_txn("soft3", &[&reply]).await;
+    assert_eq!(results["pdus"], json!({ reply_id.clone(): {} }), "{status} {results}\n{}", a.server.log());
+
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(message_bodies(&page), ["before the ban", "dave answers"], "{page}");
+    let synced = complement_tests::api::sync_once(&a.server, &alice, Some(&since)).await;
+    let timeline = synced["rooms"]["join"][&room]["timeline"].to_string();
+    assert!(timeline.contains("dave answers") && !timeline.contains("did not hear"), "{synced}");
+    let (status, _) =
+        a.server.get(&room_path(&room, &format!("/event/{}", enc(&unheard_id))), Some(&alice.token)).await;
+    assert_eq!(status, 404);
+
+    // Our next event joins dave's branch and the ban, never building on
+    // the soft-failed event; bob stays banned.
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/s1"), Some(&alice.token), text("alice after"))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let uri = format!("/_matrix/federation/v1/event/{}", enc(&event_id_of(&sent)));
+    let (status, ours) = acting.call("GET", &uri, None).await;
+    assert_eq!(status, 200, "{ours}");
+    let prevs = ours["pdus"][0]["prev_events"].as_array().unwrap();
+    assert!(prevs.contains(&json!(reply_id)) && !prevs.contains(&json!(unheard_id)), "{ours}");
+    let (status, member) = a
+        .server
+        .get(&room_path(&room, &format!("/state/m.room.member/{}", enc(&bob))), Some(&alice.token))
+        .await;
+    assert_eq!((status, member["membership"].as_str()), (200, Some("ban")), "{member}");
+    // B (dave is still in) can fetch the soft-failed event whole.
+    let uri = format!("/_matrix/federation/v1/event/{}", enc(&unheard_id));
+    let (status, kept) = acting.call("GET", &uri, None).await;
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["pdus"][0]["content"]["body"], "did not hear of the ban", "{kept}");
 }

@@ -258,10 +258,34 @@ async fn event_in_room(state: &AppState, room_id: &str, event_id: &str) -> Resul
 }
 
 /// `/event/{eventId}`: one event, as `server` may be sent it.
+/// An event held off the line (soft-failed, or from the auth chain or state
+/// of a join) goes to a server in the room as Synapse serves outliers: as
+/// `shared` history, whole unless its sender was erased.
 pub async fn event(state: &AppState, server: &ServerName, event_id: &EventId) -> Result<Box<RawJsonValue>> {
-    let stored = events::by_id(&state.db, event_id.as_str())
-        .await?
-        .ok_or_else(|| Error::NotFound("Event not found".into()))?;
+    let not_found = || Error::NotFound("Event not found".into());
+    let stored = match events::by_id(&state.db, event_id.as_str()).await? {
+        Some(stored) => stored,
+        None => {
+            let held = crate::storage::outliers::held_by_id(&state.db, event_id.as_str())
+                .await?
+                .ok_or_else(not_found)?;
+            let room_id = RoomId::parse(&held.room_id).map_err(|e| Error::Internal(e.to_string()))?;
+            let view = open_room(state, &room_id).await?;
+            read::server_access(state, &view, server).await?;
+            let stored = StoredEvent {
+                room_id: held.room_id,
+                seq: 0,
+                event_id: held.event_id,
+                json: held.json,
+                redacted_by: None,
+                txn_device_id: None,
+                txn_id: None,
+                has_children: None,
+            };
+            let whole = SeqRanges(vec![(0, 0)]);
+            return as_served(state, &view, &whole, &stored);
+        }
+    };
     let room_id = RoomId::parse(&stored.room_id).map_err(|e| Error::Internal(e.to_string()))?;
     let view = open_room(state, &room_id).await?;
     let readable = read::server_access(state, &view, server).await?;

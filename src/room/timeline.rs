@@ -97,6 +97,9 @@ pub struct RoomWriter {
     destinations: std::collections::BTreeSet<String>,
     /// Users whose membership a state resolution moved (woken after commit).
     resolved_targets: Vec<String>,
+    /// Something was stored off the line (a soft-failed event): the write
+    /// commits though no event was placed.
+    kept_off_line: bool,
     tx: RoomTx,
 }
 
@@ -127,6 +130,7 @@ impl RoomWriter {
             servers: None,
             destinations: Default::default(),
             resolved_targets: Vec::new(),
+            kept_off_line: false,
             tx,
         })
     }
@@ -162,6 +166,7 @@ impl RoomWriter {
             servers: None,
             destinations: Default::default(),
             resolved_targets: Vec::new(),
+            kept_off_line: false,
             tx,
         }
     }
@@ -379,13 +384,25 @@ impl RoomWriter {
         }
         let draft = pdu.as_draft()?;
         pdu::check_draft(&draft)?;
+        if crate::storage::outliers::soft_failed(self.tx.conn(), pdu.event_id.as_str()).await?.is_some() {
+            // Held already, off the line.
+            return Ok(Appended { pdu, seq: 0, is_new: false });
+        }
         let mut prev_seqs = Vec::with_capacity(pdu.prev_events.len());
         for prev in &pdu.prev_events {
-            let stored = events::by_id_tx(self.tx.conn(), prev.as_str())
-                .await?
-                .filter(|e| e.room_id == self.room_id.as_str())
-                .ok_or_else(|| Error::MissingPrevEvents(format!("Previous event {prev} is not known")))?;
-            prev_seqs.push(stored.seq);
+            let room = self.room_id.as_str();
+            let seq = match events::by_id_tx(self.tx.conn(), prev.as_str()).await? {
+                Some(e) if e.room_id == room => Some(e.seq),
+                Some(_) => None,
+                // A soft-failed prev event counts: its state is kept.
+                None => crate::storage::outliers::soft_failed(self.tx.conn(), prev.as_str())
+                    .await?
+                    .filter(|(r, _)| r == room)
+                    .map(|(_, base)| base),
+            };
+            prev_seqs.push(
+                seq.ok_or_else(|| Error::MissingPrevEvents(format!("Previous event {prev} is not known")))?,
+            );
         }
         for id in &pdu.auth_events {
             if self.by_id.contains_key(id) {
@@ -425,7 +442,17 @@ impl RoomWriter {
             Some(fork)
         };
         let redacts = super::redaction::target(&self.rules, &pdu)?;
-        self.check(&pdu, &draft, redacts.as_ref(), true).await??;
+        if let Err(refused) = self.check(&pdu, &draft, redacts.as_ref(), true).await? {
+            // The spec's check 6: allowed where it stands, not by the
+            // room's state now. An event that reached us alone (a join
+            // through us) is refused; one of the room's is soft-failed:
+            // kept, never shown, never built on.
+            if forward {
+                return Err(refused);
+            }
+            tracing::info!(room_id = %self.room_id, event_id = %pdu.event_id, "soft-failed: {refused}");
+            return self.soft_fail(pdu, fork).await;
+        }
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         let appended = self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await?;
         if let Some(fork) = fork {
@@ -1010,17 +1037,18 @@ async fn write_batch(
             result => answers.push((job.reply, result)),
         }
     }
-    let (committed, cache) = if answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
-        match writer.commit_only().await {
-            Ok((committed, cache)) => (Some(committed), cache),
-            Err(e) => {
-                fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);
-                return (None, StateCache::default());
+    let (committed, cache) =
+        if writer.kept_off_line || answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
+            match writer.commit_only().await {
+                Ok((committed, cache)) => (Some(committed), cache),
+                Err(e) => {
+                    fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);
+                    return (None, StateCache::default());
+                }
             }
-        }
-    } else {
-        (None, writer.into_cache())
-    };
+        } else {
+            (None, writer.into_cache())
+        };
     for (reply, result) in answers {
         let _ = reply.send(result);
     }

@@ -145,3 +145,30 @@ pub async fn held_by_ids_tx(conn: &mut AnyConnection, ids: &[&str]) -> Result<Ve
     }
     Ok(found.into_values().collect())
 }
+
+/// Marks the outlier `event_id` of `room_id` soft-failed, its state after
+/// read at `base_seq` (see migration 0031).
+pub async fn mark_soft_failed(
+    conn: &mut AnyConnection,
+    event_id: &str,
+    room_id: &str,
+    base_seq: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO soft_failed (event_id, room_id, base_seq) VALUES ($1, $2, $3) ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(event_id)
+    .bind(room_id)
+    .bind(base_seq)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The room and base position of a soft-failed event, if it is one.
+pub async fn soft_failed(conn: &mut AnyConnection, event_id: &str) -> Result<Option<(String, i64)>> {
+    Ok(sqlx::query_as("SELECT room_id, base_seq FROM soft_failed WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_optional(conn)
+        .await?)
+}

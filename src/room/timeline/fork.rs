@@ -229,6 +229,57 @@ impl RoomWriter {
         self.split_stays(appended.seq, &own, &current, &resolved, &mut events).await
     }
 
+    /// Keeps `pdu`, which failed the rules against the room's state now
+    /// (check 6) but passed those where it stands (`fork`: the state before
+    /// it off the head; `None`: the room's state), as a soft-failed outlier:
+    /// never on the line, so never in /sync, /messages, the ranges or the
+    /// forward extremities; served to other servers, and its state (the
+    /// state before it with it applied, kept as `fork_states` over the
+    /// head's position) read when an event names it as a prev event.
+    pub(super) async fn soft_fail(&mut self, pdu: Pdu, fork: Option<Fork>) -> Result<Appended> {
+        let base = self.last_seq;
+        let line = self.line_at(base).await?;
+        let mut own = fork.map(|f| f.before).unwrap_or_else(|| line.clone());
+        if let Some(state_key) = &pdu.state_key {
+            own.insert(key_of(&pdu.kind.to_string(), state_key), pdu.event_id.clone());
+        }
+        let mut differs: Vec<(String, String, Option<String>)> = Vec::new();
+        for (key, id) in &own {
+            if line.get(key) != Some(id) {
+                differs.push((key.0.to_string(), key.1.clone(), Some(id.to_string())));
+            }
+        }
+        for key in line.keys().filter(|key| !own.contains_key(*key)) {
+            differs.push((key.0.to_string(), key.1.clone(), None));
+        }
+        let json = pdu.to_json_string();
+        let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
+        let kind = pdu.kind.to_string();
+        let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
+        outliers::insert(
+            self.tx.conn(),
+            &outliers::NewOutlier {
+                event_id: pdu.event_id.as_str(),
+                room_id: self.room_id.as_str(),
+                event_type: &kind,
+                state_key: pdu.state_key.as_deref(),
+                sender: pdu.sender.as_str(),
+                origin_server_ts: ts,
+                json: &json,
+                auth_events: &auth,
+                received_ts: crate::storage::now_ms(),
+            },
+        )
+        .await?;
+        outliers::mark_soft_failed(self.tx.conn(), pdu.event_id.as_str(), self.room_id.as_str(), base)
+            .await?;
+        let rows: Vec<(&str, &str, Option<&str>)> =
+            differs.iter().map(|(t, k, e)| (t.as_str(), k.as_str(), e.as_deref())).collect();
+        state_runs::put_fork_state(self.tx.conn(), pdu.event_id.as_str(), &rows).await?;
+        self.kept_off_line = true;
+        Ok(Appended { pdu, seq: 0, is_new: false })
+    }
+
     /// Members joined in the room's state (`current`) but not in the state
     /// an event at `seq` saw (`own`: it stands on a branch from before
     /// their join): the event is not theirs to read under `joined`, so
