@@ -122,11 +122,15 @@ pub struct FederationConfig {
     pub enabled: bool,
     /// Whether outbound federation requests check the peer's certificate.
     pub verify_tls: bool,
+    /// Most events kept queued for one server that does not answer; past
+    /// it only the newest event of each room is kept (the server fills the
+    /// rest from /get_missing_events and /backfill when it is back).
+    pub max_queued_per_destination: u32,
 }
 
 impl Default for FederationConfig {
     fn default() -> Self {
-        Self { enabled: true, verify_tls: true }
+        Self { enabled: true, verify_tls: true, max_queued_per_destination: 1000 }
     }
 }
 
@@ -490,6 +494,8 @@ pub struct Settings {
     pub federation: Option<FederationListener>,
     /// Whether outbound federation requests check the peer's certificate.
     pub federation_verify_tls: bool,
+    /// `federation.max_queued_per_destination` (at least 1).
+    pub federation_max_queued: i64,
 }
 
 /// The federation listener: its address and TLS configuration (certificate
@@ -619,6 +625,11 @@ impl Config {
                     }
                 };
             }
+        }
+        if let Some(v) = env("SEQLINE_FEDERATION_MAX_QUEUED") {
+            self.federation.max_queued_per_destination = v
+                .parse()
+                .map_err(|_| ConfigError(format!("SEQLINE_FEDERATION_MAX_QUEUED: {v:?} is not a number")))?;
         }
         if let Some(v) = env("SEQLINE_TLS_CERT") {
             self.tls.cert_path = v;
@@ -818,6 +829,7 @@ impl Config {
             url_preview_ip_allow,
             federation,
             federation_verify_tls: self.federation.verify_tls,
+            federation_max_queued: i64::from(self.federation.max_queued_per_destination.max(1)),
         })
     }
 

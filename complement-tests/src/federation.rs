@@ -81,6 +81,11 @@ impl FedServer {
     /// Starts seqline with a federation listener on a free port, talking to
     /// peers on loopback without checking their certificates.
     pub async fn start(backend: &Backend) -> Self {
+        Self::start_with(backend, &[]).await
+    }
+
+    /// [`FedServer::start`] with more environment settings.
+    pub async fn start_with(backend: &Backend, env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let name = format!("127.0.0.1:{port}");
         let dir =
@@ -93,6 +98,7 @@ impl FedServer {
             .env("SEQLINE_TLS_KEY", &key)
             .env("SEQLINE_FEDERATION_VERIFY_TLS", "false")
             .env("SEQLINE_OUTBOUND_IP_ALLOW", "127.0.0.0/8");
+        let options = env.iter().fold(options, |options, (key, value)| options.env(key, value));
         let server = Server::start_with(backend, options).await;
         assert!(
             server.log().contains(&format!("federation listening on https://{name}")),

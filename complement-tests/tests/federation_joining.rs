@@ -18,6 +18,7 @@ backend_tests!(
     seqline_user_joins_a_synapse_room_v2,
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
+    a_long_outage_is_caught_up_across_a_hole,
     a_synapse_moderator_kicks_and_bans_a_seqline_user,
 );
 
@@ -334,6 +335,64 @@ async fn queued_events_reach_a_server_that_was_down(backend: Backend) {
     b.server.start_again().await;
     eventually("the queued events on B", || async {
         (seqline_bodies(&b, &bob, &room).await == ["while", "you were", "out"]).then_some(())
+    })
+    .await;
+}
+
+/// B is away while A's alice says more than A keeps queued for it (the
+/// bound here is 5): A keeps only the newest event of the room (and the
+/// transaction it had begun). When B is back it gets that, asks A for what
+/// lies between (/get_missing_events, 10 at most), places the oldest it got
+/// across the hole with the state A says it had (/state_ids), and the room
+/// goes on: bob reads the newest, what came after, in A's order.
+async fn a_long_outage_is_caught_up_across_a_hole(backend: Backend) {
+    let (mut a, mut b) = tokio::join!(
+        FedServer::start_with(&backend, &[("SEQLINE_FEDERATION_MAX_QUEUED", "5")]),
+        FedServer::start(&backend)
+    );
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat" })).await;
+    join_remote(&b, &bob, &room, &a).await;
+    b.server.stop().await;
+    // A first send fails and its transaction is begun with m0 alone.
+    say(&a, &alice, &room, "m0", "m0").await;
+    eventually("A's first failed send", || async {
+        a.server.log().contains("federation send failed").then_some(())
+    })
+    .await;
+    let said: Vec<String> = (1..=20).map(|i| format!("m{i}")).collect();
+    for body in &said {
+        say(&a, &alice, &room, body, body).await;
+    }
+    eventually("A's queue for B cut to the newest event", || async {
+        a.server.log().contains("kept only the newest queued event of each room").then_some(())
+    })
+    .await;
+    // Back; A tries at once after a restart.
+    b.server.start_again().await;
+    a.server.restart().await;
+    let bodies = eventually("m20 on B", || async {
+        let bodies = seqline_bodies(&b, &bob, &room).await;
+        bodies.contains(&"m20".to_owned()).then_some(bodies)
+    })
+    .await;
+    assert!(b.server.log().contains("placing an event across a hole"), "{}", b.server.log());
+    // What B has is in A's order, the newest ten among it.
+    let positions: Vec<usize> = bodies.iter().filter_map(|b| said.iter().position(|s| s == b)).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{bodies:?}");
+    for body in &said[10..] {
+        assert!(bodies.contains(body), "{body} missing from {bodies:?}");
+    }
+    // And the room goes on both ways.
+    say(&a, &alice, &room, "after", "after").await;
+    eventually("'after' on B", || async {
+        (seqline_bodies(&b, &bob, &room).await.last().map(String::as_str) == Some("after")).then_some(())
+    })
+    .await;
+    say(&b, &bob, &room, "bob back", "bob back").await;
+    eventually("bob's answer on A", || async {
+        (seqline_bodies(&a, &alice, &room).await.last().map(String::as_str) == Some("bob back")).then_some(())
     })
     .await;
 }

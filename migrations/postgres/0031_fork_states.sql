@@ -21,3 +21,15 @@ CREATE TABLE soft_failed (
     room_id  TEXT NOT NULL,
     base_seq BIGINT NOT NULL
 );
+
+-- Holes in the middle of a room's line: an event placed at seq whose prev
+-- events we could not get (missing_prevs, a JSON array of ids); its state
+-- came from the server that sent it (/state_ids). Backfill into the hole
+-- will place what lies between.
+CREATE TABLE timeline_gaps (
+    room_id       TEXT NOT NULL,
+    seq           BIGINT NOT NULL,
+    event_id      TEXT NOT NULL,
+    missing_prevs TEXT NOT NULL,
+    PRIMARY KEY (room_id, seq)
+);

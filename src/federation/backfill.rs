@@ -283,15 +283,16 @@ fn below_order(got: &HashMap<OwnedEventId, Pdu>, missing: &[OwnedEventId]) -> Ve
 /// The events a batch's checks read: what we hold, and what was fetched
 /// (to be held as outliers once the batch is placed).
 #[derive(Default)]
-struct Known {
+pub(super) struct Known {
     pdus: HashMap<OwnedEventId, Pdu>,
-    fetched: Vec<Pdu>,
+    /// What was fetched and passed its checks, not held yet.
+    pub(super) fetched: Vec<Pdu>,
 }
 
 impl Known {
     /// The state before `event_id`, as `server` says (/state_ids), every
     /// event of it held or fetched and checked.
-    async fn state_before(
+    pub(super) async fn state_before(
         &mut self,
         state: &AppState,
         server: &OwnedServerName,

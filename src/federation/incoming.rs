@@ -170,14 +170,7 @@ async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pd
         super::acl::check(state, room_id.as_str(), pdu.sender.server_name()).await?;
     }
     match crate::room::timeline::append_remote(state, room_id, pdu.clone(), false).await {
-        Err(Error::MissingPrevEvents(why)) => {
-            // Events we missed in between: asked of the sender once, placed
-            // oldest first, then this one again.
-            if fetch_missing(state, origin, room_id, &pdu).await? == 0 {
-                return Err(Error::MissingPrevEvents(why));
-            }
-            crate::room::timeline::append_remote(state, room_id, pdu, false).await.map(|_| ())
-        }
+        Err(Error::MissingPrevEvents(_)) => catch_up(state, origin, room_id, pdu).await,
         other => other.map(|_| ()),
     }
 }
@@ -186,13 +179,64 @@ async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pd
 /// (Synapse asks for 10).
 const MISSING_LIMIT: u32 = 10;
 
+/// `pdu` names prev events we lack: the events in between are asked of its
+/// sender (`/get_missing_events`) and placed parents first. Where they still
+/// do not reach our line (a hole longer than one ask, after an outage), the
+/// oldest that does not is placed across the hole with the state its sender
+/// says it had (`/state_ids`, every event of it checked), the hole recorded,
+/// and the rest placed after it.
+async fn catch_up(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pdu) -> Result<()> {
+    let mut batch = fetch_missing(state, origin, room_id, &pdu).await?;
+    batch.push(pdu);
+    let last = batch.len() - 1;
+    let mut crossed = false;
+    for (i, event) in batch.into_iter().enumerate() {
+        let id = event.event_id.clone();
+        let result = match crate::room::timeline::append_remote(state, room_id, event.clone(), false).await {
+            Err(Error::MissingPrevEvents(_)) if !crossed => {
+                crossed = true;
+                across_gap(state, origin, room_id, event).await
+            }
+            other => other.map(|_| ()),
+        };
+        match result {
+            _ if i == last => return result,
+            Err(e) if e.taints_transaction() => return Err(e),
+            Err(e) => tracing::info!(event_id = %id, "a missing event was not placed: {e}"),
+            Ok(()) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Places `pdu` across a hole: the state before it from `origin`.
+async fn across_gap(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pdu) -> Result<()> {
+    let Some(room) = rooms::get(&state.db, room_id.as_str()).await? else {
+        return Err(Error::NotFound(format!("Room {room_id} is not known here")));
+    };
+    let (_, rules) = crate::room::rules_for(&room.room_version)?;
+    let mut known = super::backfill::Known::default();
+    let before = known.state_before(state, &origin.to_owned(), room_id, &rules, &pdu.event_id).await?;
+    let before = before
+        .into_iter()
+        .map(|((kind, key), id)| ((ruma::events::StateEventType::from(kind), key), id))
+        .collect();
+    tracing::info!(%room_id, event_id = %pdu.event_id, %origin, "placing an event across a hole in the line");
+    crate::room::timeline::append_across_gap(state, room_id, pdu, before, known.fetched).await.map(|_| ())
+}
+
 /// Asks `origin` for the events between our forward extremities and `pdu`
-/// (`/get_missing_events`), checks them and places those that fit, oldest
-/// first; answers how many were placed. A failure to ask is not an error of
-/// ours: nothing is placed.
-async fn fetch_missing(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: &Pdu) -> Result<usize> {
+/// (`/get_missing_events`), checks them (another room's are dropped) and
+/// answers them parents first (their prev edges; depth only breaks ties). A
+/// failure to ask is not an error of ours: nothing is answered.
+async fn fetch_missing(
+    state: &AppState,
+    origin: &ServerName,
+    room_id: &RoomId,
+    pdu: &Pdu,
+) -> Result<Vec<Pdu>> {
     use ruma::api::federation::event::get_missing_events;
-    let Some(room) = rooms::get(&state.db, room_id.as_str()).await? else { return Ok(0) };
+    let Some(room) = rooms::get(&state.db, room_id.as_str()).await? else { return Ok(Vec::new()) };
     let (_, rules) = crate::room::rules_for(&room.room_version)?;
     let earliest: Vec<OwnedEventId> =
         room.extremities.iter().filter_map(|id| EventId::parse(id).ok()).collect();
@@ -203,7 +247,7 @@ async fn fetch_missing(state: &AppState, origin: &ServerName, room_id: &RoomId, 
         Ok(response) => response.events,
         Err(e) => {
             tracing::info!(%origin, %room_id, "cannot get missing events: {e}");
-            return Ok(0);
+            return Ok(Vec::new());
         }
     };
     let mut checked = Vec::new();
@@ -214,18 +258,41 @@ async fn fetch_missing(state: &AppState, origin: &ServerName, room_id: &RoomId, 
             Err(e) => tracing::info!(%origin, "a missing event fails its checks: {e}"),
         }
     }
-    checked.sort_by(|a, b| a.depth.cmp(&b.depth).then_with(|| a.event_id.cmp(&b.event_id)));
-    let mut placed = 0;
-    for missing in checked {
-        let id = missing.event_id.clone();
-        match crate::room::timeline::append_remote(state, room_id, missing, false).await {
-            Ok(appended) if appended.is_new => placed += 1,
-            Ok(_) => {}
-            Err(e) if e.taints_transaction() => return Err(e),
-            Err(e) => tracing::info!(event_id = %id, "a missing event was not placed: {e}"),
+    Ok(parents_first(checked))
+}
+
+/// `batch` ordered so that each event comes after those of its prev events
+/// the batch holds (Kahn; among events free at once the lower depth, then
+/// the lower id: depth only breaks ties).
+fn parents_first(batch: Vec<Pdu>) -> Vec<Pdu> {
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, HashMap};
+    let index: HashMap<OwnedEventId, usize> =
+        batch.iter().enumerate().map(|(i, p)| (p.event_id.clone(), i)).collect();
+    let mut waiting: Vec<usize> =
+        batch.iter().map(|p| p.prev_events.iter().filter(|prev| index.contains_key(*prev)).count()).collect();
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); batch.len()];
+    for (i, pdu) in batch.iter().enumerate() {
+        for prev in &pdu.prev_events {
+            if let Some(&p) = index.get(prev) {
+                children[p].push(i);
+            }
         }
     }
-    Ok(placed)
+    let key = |i: usize| Reverse((batch[i].depth, batch[i].event_id.clone(), i));
+    let mut free: BinaryHeap<_> = (0..batch.len()).filter(|i| waiting[*i] == 0).map(key).collect();
+    let mut order = Vec::with_capacity(batch.len());
+    while let Some(Reverse((_, _, i))) = free.pop() {
+        order.push(i);
+        for &child in &children[i] {
+            waiting[child] -= 1;
+            if waiting[child] == 0 {
+                free.push(key(child));
+            }
+        }
+    }
+    let mut slots: Vec<Option<Pdu>> = batch.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// The answer to one transaction: per PDU, `{}` or `{"error": ...}`.

@@ -5,7 +5,10 @@
 //! [`MAX_PDUS`] events; a failed transaction is retried with the same id and
 //! the same events after a backoff that doubles per failure (from
 //! [`FIRST_BACKOFF_MS`] up to [`MAX_BACKOFF_MS`]) and is forgotten as soon as
-//! the destination proves reachable (it answers, or it calls us).
+//! the destination proves reachable (it answers, or it calls us). A
+//! destination that stays away keeps at most
+//! `federation.max_queued_per_destination` events queued; past that only the
+//! newest of each room (Synapse's catch-up: it fills the rest itself).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -112,7 +115,9 @@ async fn run(state: AppState, destination: OwnedServerName) {
                 }
             }
             Err(retry_at) => {
-                let wait = (retry_at - storage::now_ms()).max(0);
+                // Waking at least once a minute keeps the queue in its bound
+                // however long the backoff (see `send_next`).
+                let wait = (retry_at - storage::now_ms()).clamp(0, MAX_SLEEP_MS);
                 tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
             }
         }
@@ -128,7 +133,10 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
         tracing::warn!(%destination, "federation send failed: {e}");
     };
     match store::retry_at(&state.db, destination.as_str()).await {
-        Ok(at) if at > now => return Err(at),
+        Ok(at) if at > now => {
+            compact(state, destination).await;
+            return Err(at);
+        }
         Ok(_) => {}
         Err(e) => {
             failed(&e);
@@ -186,8 +194,26 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
             let retry_at = store::transaction_failed(&state.db, destination.as_str(), now, backoff_ms)
                 .await
                 .unwrap_or(now + FIRST_BACKOFF_MS);
+            compact(state, destination).await;
             Err(retry_at)
         }
+    }
+}
+
+/// The longest a backing-off task sleeps before it looks at its queue again.
+const MAX_SLEEP_MS: i64 = 60_000;
+
+/// Keeps what is queued for a destination that does not answer within
+/// `federation.max_queued_per_destination`.
+async fn compact(state: &AppState, destination: &OwnedServerName) {
+    match store::compact_queue(&state.db, destination.as_str(), state.settings.federation_max_queued).await {
+        Ok(0) => {}
+        Ok(dropped) => tracing::info!(
+            %destination,
+            dropped,
+            "the destination does not answer: kept only the newest queued event of each room"
+        ),
+        Err(e) => tracing::warn!(%destination, "cannot bound the federation queue: {e}"),
     }
 }
 

@@ -13,6 +13,7 @@ use ruma::{MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, RoomId, RoomVe
 
 use super::pdu::{self, Draft, Pdu, Placement};
 use super::position;
+use super::resolution;
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
@@ -369,6 +370,20 @@ impl RoomWriter {
     /// `forward`, the event is queued for the other servers in the room (an
     /// event that reached us alone: a join or leave through us).
     pub async fn append_remote(&mut self, state: &AppState, pdu: Pdu, forward: bool) -> Result<Appended> {
+        self.append_remote_at(state, pdu, forward, None).await
+    }
+
+    /// [`Self::append_remote`]; with `across`, the event comes after a hole
+    /// no fetch could fill: `across` is the state before it as its sender
+    /// told it (checked already), its prev events we lack are recorded as a
+    /// gap in the line instead of refusing it.
+    async fn append_remote_at(
+        &mut self,
+        state: &AppState,
+        pdu: Pdu,
+        forward: bool,
+        across: Option<resolution::StateIds>,
+    ) -> Result<Appended> {
         if let Some(stored) = events::by_id_tx(self.tx.conn(), pdu.event_id.as_str()).await? {
             return Ok(Appended { pdu, seq: stored.seq, is_new: false });
         }
@@ -389,6 +404,7 @@ impl RoomWriter {
             return Ok(Appended { pdu, seq: 0, is_new: false });
         }
         let mut prev_seqs = Vec::with_capacity(pdu.prev_events.len());
+        let mut missing: Vec<&str> = Vec::new();
         for prev in &pdu.prev_events {
             let room = self.room_id.as_str();
             let seq = match events::by_id_tx(self.tx.conn(), prev.as_str()).await? {
@@ -400,9 +416,11 @@ impl RoomWriter {
                     .filter(|(r, _)| r == room)
                     .map(|(_, base)| base),
             };
-            prev_seqs.push(
-                seq.ok_or_else(|| Error::MissingPrevEvents(format!("Previous event {prev} is not known")))?,
-            );
+            match seq {
+                Some(seq) => prev_seqs.push(seq),
+                None if across.is_some() => missing.push(prev.as_str()),
+                None => return Err(Error::MissingPrevEvents(format!("Previous event {prev} is not known"))),
+            }
         }
         for id in &pdu.auth_events {
             if self.by_id.contains_key(id) {
@@ -434,13 +452,20 @@ impl RoomWriter {
         self.check_own_auth_events(&pdu)?;
         // Off the room's head (a fork, or a join of forks): the state before
         // it, from its prev events' states, resolved where they differ.
-        let fork = if self.extends_every_tip(&pdu) {
-            None
-        } else {
-            let fork = self.state_before(state.db.backend, &pdu, &prev_seqs, &auth_types).await?;
-            fork.check(&self.rules, &pdu, &self.by_id)?;
-            Some(fork)
+        let fork = match across {
+            Some(before) => {
+                let fork = self.told_state(before, &auth_types).await?;
+                fork.check(&self.rules, &pdu, &self.by_id)?;
+                Some(fork)
+            }
+            None if self.extends_every_tip(&pdu) => None,
+            None => {
+                let fork = self.state_before(state.db.backend, &pdu, &prev_seqs, &auth_types).await?;
+                fork.check(&self.rules, &pdu, &self.by_id)?;
+                Some(fork)
+            }
         };
+        let missing: Vec<String> = missing.into_iter().map(str::to_owned).collect();
         let redacts = super::redaction::target(&self.rules, &pdu)?;
         if let Err(refused) = self.check(&pdu, &draft, redacts.as_ref(), true).await? {
             // The spec's check 6: allowed where it stands, not by the
@@ -455,6 +480,11 @@ impl RoomWriter {
         }
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         let appended = self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await?;
+        if !missing.is_empty() {
+            let missing: Vec<&str> = missing.iter().map(String::as_str).collect();
+            let (room, id) = (self.room_id.to_string(), appended.pdu.event_id.to_string());
+            crate::storage::backfill::add_gap(self.tx.conn(), &room, appended.seq, &id, &missing).await?;
+        }
         if let Some(fork) = fork {
             self.resolve_head(state.db.backend, &appended, fork).await?;
         }
@@ -923,6 +953,9 @@ enum Work {
     /// Another server's event, checked already, and whether to forward it
     /// (see [`RoomWriter::append_remote`]).
     Remote(Pdu, bool),
+    /// Another server's event after a hole, with the state before it and
+    /// the checked events that state needed (see [`append_across_gap`]).
+    AcrossGap(Pdu, resolution::StateIds, Vec<Pdu>),
 }
 
 impl WriteQueue {
@@ -1024,6 +1057,9 @@ async fn write_batch(
         let result = match job.work {
             Work::Local(draft, txn) => writer.append(state, &draft, txn.as_ref()).await,
             Work::Remote(pdu, forward) => writer.append_remote(state, pdu, forward).await,
+            Work::AcrossGap(pdu, before, fetched) => {
+                writer.append_across_gap(state, pdu, before, fetched).await
+            }
         };
         match result {
             Err(e) if e.taints_transaction() => {
@@ -1087,6 +1123,22 @@ pub async fn append(
 /// [`RoomWriter::append_remote`].
 pub async fn append_remote(state: &AppState, room_id: &RoomId, pdu: Pdu, forward: bool) -> Result<Appended> {
     enqueue(state, room_id, Work::Remote(pdu, forward)).await
+}
+
+/// Appends another server's event whose prev events no fetch could reach
+/// (a hole in the line, after an outage): `before` is the state before it
+/// as its sender says (`/state_ids`), `fetched` the events of that state and
+/// its auth chain we lacked, each checked already. They are held as
+/// outliers; the event is placed at the head, checked against `before`, and
+/// the hole recorded.
+pub async fn append_across_gap(
+    state: &AppState,
+    room_id: &RoomId,
+    pdu: Pdu,
+    before: resolution::StateIds,
+    fetched: Vec<Pdu>,
+) -> Result<Appended> {
+    enqueue(state, room_id, Work::AcrossGap(pdu, before, fetched)).await
 }
 
 async fn enqueue(state: &AppState, room_id: &RoomId, work: Work) -> Result<Appended> {

@@ -148,3 +148,23 @@ pub async fn take_pending_redactions(
         .await?;
     Ok(rows)
 }
+
+/// Records a hole in the middle of a room's line: the event placed at `seq`
+/// names `missing_prevs`, which we could not get (see migration 0031).
+pub async fn add_gap(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    seq: i64,
+    event_id: &str,
+    missing_prevs: &[&str],
+) -> Result<()> {
+    let missing = serde_json::to_string(missing_prevs).unwrap_or_else(|_| "[]".into());
+    sqlx::query("INSERT INTO timeline_gaps (room_id, seq, event_id, missing_prevs) VALUES ($1, $2, $3, $4)")
+        .bind(room_id)
+        .bind(seq)
+        .bind(event_id)
+        .bind(missing)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

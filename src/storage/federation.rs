@@ -179,6 +179,31 @@ pub async fn transaction_failed(
     Ok(retry_at)
 }
 
+/// Keeps at most `cap` events queued for `destination` and not yet taken
+/// into a transaction: past it, only the newest event of each room stays
+/// (the destination fills the rest itself when it is back). The transaction
+/// under way, if any, is kept whole (a retry sends the same). Answers how
+/// many were dropped.
+pub async fn compact_queue(db: &Db, destination: &str, cap: i64) -> Result<u64> {
+    let queued: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL")
+            .bind(destination)
+            .fetch_one(&mut db.reader())
+            .await?;
+    if queued <= cap {
+        return Ok(0);
+    }
+    let mut tx = db.begin_write().await?;
+    let done = sqlx::query(
+        "DELETE FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL AND id NOT IN            (SELECT MAX(id) FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL GROUP BY room_id)",
+    )
+    .bind(destination)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
 /// When `destination` may be tried again (0: now).
 pub async fn retry_at(db: &Db, destination: &str) -> Result<i64> {
     Ok(sqlx::query_scalar("SELECT retry_at FROM fed_destinations WHERE server_name = $1")

@@ -147,6 +147,34 @@ impl RoomWriter {
         Ok(Fork { before, events })
     }
 
+    /// The state before an event as its sender told it (after a hole), with
+    /// the events the rules read for it (`keys`).
+    pub(super) async fn told_state(
+        &mut self,
+        before: StateIds,
+        keys: &[(StateEventType, String)],
+    ) -> Result<Fork> {
+        let mut events = Events::new();
+        self.load(&mut events, keys.iter().filter_map(|k| before.get(k))).await?;
+        Ok(Fork { before, events })
+    }
+
+    /// [`super::append_across_gap`] in this write: the fetched events held
+    /// as outliers, then the event appended with the state it was told.
+    pub(super) async fn append_across_gap(
+        &mut self,
+        state: &crate::state::AppState,
+        pdu: Pdu,
+        before: StateIds,
+        fetched: Vec<Pdu>,
+    ) -> Result<Appended> {
+        let now = crate::storage::now_ms();
+        for event in fetched.iter().filter(|e| e.room_id.as_deref() == Some(&*self.room_id)) {
+            crate::room::remote::hold(self.tx.conn(), self.room_id.as_str(), event, now).await?;
+        }
+        self.append_remote_at(state, pdu, false, Some(before)).await
+    }
+
     /// After placing `appended` off the head: the room's state becomes the
     /// resolution of the states after every tip (the event among them), and
     /// what that changes is written at the event's position. Where the
@@ -252,25 +280,8 @@ impl RoomWriter {
         for key in line.keys().filter(|key| !own.contains_key(*key)) {
             differs.push((key.0.to_string(), key.1.clone(), None));
         }
-        let json = pdu.to_json_string();
-        let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
-        let kind = pdu.kind.to_string();
-        let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
-        outliers::insert(
-            self.tx.conn(),
-            &outliers::NewOutlier {
-                event_id: pdu.event_id.as_str(),
-                room_id: self.room_id.as_str(),
-                event_type: &kind,
-                state_key: pdu.state_key.as_deref(),
-                sender: pdu.sender.as_str(),
-                origin_server_ts: ts,
-                json: &json,
-                auth_events: &auth,
-                received_ts: crate::storage::now_ms(),
-            },
-        )
-        .await?;
+        crate::room::remote::hold(self.tx.conn(), self.room_id.as_str(), &pdu, crate::storage::now_ms())
+            .await?;
         outliers::mark_soft_failed(self.tx.conn(), pdu.event_id.as_str(), self.room_id.as_str(), base)
             .await?;
         let rows: Vec<(&str, &str, Option<&str>)> =
