@@ -632,8 +632,7 @@ impl RoomWriter {
         self.max_depth = self.max_depth.max(pdu::stored_depth(pdu.depth));
         // The new event replaces the extremities it points at (all of them
         // for a local event; a remote one may leave others standing).
-        self.extremities.retain(|e| !pdu.prev_events.contains(e));
-        self.extremities.push(pdu.event_id.clone());
+        advance_tips(&mut self.extremities, &pdu.prev_events, pdu.event_id.clone());
         self.by_id.insert(pdu.event_id.clone(), pdu.clone());
         if let Some(state_key) = &draft.state_key {
             self.state.insert((draft.kind.clone(), state_key.clone()), Some(pdu.clone()));
@@ -1149,10 +1148,52 @@ async fn enqueue(state: &AppState, room_id: &RoomId, work: Work) -> Result<Appen
     answer.await.unwrap_or_else(|_| Err(Error::Internal("the room write was dropped".into())))
 }
 
+/// Most forward extremities a room keeps. Every remote event off the head
+/// resolves the states of all of them, so a server that keeps forking the
+/// room must not make that grow: past this, the oldest tips are let go
+/// (their branches stay in the room's history; their state no longer takes
+/// part in the current state), as Synapse prunes old extremities.
+const MAX_TIPS: usize = 20;
+
+/// The room's tips after `event` (naming `prevs`) is placed: it replaces
+/// the tips it points at, and the oldest go past [`MAX_TIPS`].
+fn advance_tips(tips: &mut Vec<OwnedEventId>, prevs: &[OwnedEventId], event: OwnedEventId) {
+    tips.retain(|e| !prevs.contains(e));
+    tips.push(event);
+    if tips.len() > MAX_TIPS {
+        tips.drain(..tips.len() - MAX_TIPS);
+    }
+}
+
 /// `content.membership` of a member event.
 pub fn member_value<'a>(
     kind: &str,
     content: &'a ruma::canonical_json::CanonicalJsonObject,
 ) -> Option<&'a str> {
     (kind == "m.room.member").then(|| content.get("membership").and_then(|m| m.as_str())).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: usize) -> OwnedEventId {
+        OwnedEventId::try_from(format!("$e{n}")).unwrap()
+    }
+
+    #[test]
+    fn tips_are_replaced_by_what_points_at_them_and_never_pile_up() {
+        let mut tips = vec![id(1), id(2)];
+        advance_tips(&mut tips, &[id(1)], id(3));
+        assert_eq!(tips, [id(2), id(3)]);
+        advance_tips(&mut tips, &[id(2), id(3)], id(4));
+        assert_eq!(tips, [id(4)]);
+        // A server forking the room from one old event over and over.
+        for n in 5..100 {
+            advance_tips(&mut tips, &[id(0)], id(n));
+        }
+        assert_eq!(tips.len(), MAX_TIPS);
+        assert_eq!(tips.first(), Some(&id(100 - MAX_TIPS)));
+        assert_eq!(tips.last(), Some(&id(99)));
+    }
 }
