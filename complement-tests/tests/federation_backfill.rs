@@ -14,6 +14,7 @@ backend_tests!(
     shared_history_of_a_synapse_room_is_backfilled,
     history_sent_under_joined_stays_hidden_after_backfill,
     invited_history_starts_at_the_invite,
+    a_v12_room_is_backfilled_to_its_creation,
 );
 
 /// Every event of `room` a user reads (`get` asks their server), paging
@@ -224,4 +225,30 @@ async fn invited_history_starts_at_the_invite(backend: Backend) {
         .map(|e| e["content"]["membership"].as_str().unwrap())
         .collect();
     assert_eq!(own, ["join", "invite"]);
+}
+
+/// Room version 12: the create event names no room (the room id is made
+/// from it) and is no event's auth event. Paging back through a Synapse
+/// room joined over federation still ends with it, in Synapse's order.
+async fn a_v12_room_is_backfilled_to_its_creation(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw").await;
+    let bob = syn.register("bob", "pw").await;
+    let room = shared_synapse_room(&syn, &bob, "12").await;
+    for i in 0..3 {
+        synapse_says(&syn, &bob, &room, &format!("v{i}"), &format!("message {i}")).await;
+    }
+    let path = format!("{V3}/join/{}?server_name={}", enc(&room), enc(&syn.name));
+    let (status, body) = seq.server.post(&path, Some(&alice.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let ours = seqline_all(&seq, &alice, &room, 5).await;
+    let (syn_ref, bob_ref) = (&syn, &bob);
+    let theirs =
+        page_all(|path| async move { syn_ref.get(&path, Some(&bob_ref.token)).await }, &room, 5).await;
+    let ids = |events: &[Value]| -> Vec<String> {
+        events.iter().map(|e| e["event_id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&ours), ids(&theirs), "ours {ours:?}\ntheirs {theirs:?}");
+    assert_eq!(ours.last().unwrap()["type"], "m.room.create", "{ours:?}");
+    assert_eq!(bodies(&ours), ["message 0", "message 1", "message 2"]);
 }

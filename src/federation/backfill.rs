@@ -163,7 +163,7 @@ async fn fetch(
     let mut got: HashMap<OwnedEventId, Pdu> = HashMap::new();
     for raw in answer.pdus.iter().take(BATCH as usize * 2) {
         match super::incoming::check_pdu(state, rules, raw).await {
-            Ok(pdu) if pdu.room_id.as_deref() == Some(room_id) => {
+            Ok(pdu) if pdu.belongs_to(room_id) => {
                 got.insert(pdu.event_id.clone(), pdu);
             }
             Ok(pdu) => tracing::info!(event_id = %pdu.event_id, "backfill: another room's event"),
@@ -371,7 +371,7 @@ impl Known {
         let mut candidates: HashMap<OwnedEventId, Pdu> = HashMap::new();
         for raw in &raws {
             match super::incoming::check_pdu(state, rules, raw).await {
-                Ok(pdu) if pdu.room_id.as_deref() == Some(room_id) || pdu.room_id.is_none() => {
+                Ok(pdu) if pdu.belongs_to(room_id) => {
                     candidates.insert(pdu.event_id.clone(), pdu);
                 }
                 Ok(_) => {}

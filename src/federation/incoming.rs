@@ -253,7 +253,7 @@ async fn fetch_missing(
     let mut checked = Vec::new();
     for raw in events.iter().take(MISSING_LIMIT as usize) {
         match check_pdu(state, &rules, raw).await {
-            Ok(missing) if missing.room_id.as_deref() == Some(room_id) => checked.push(missing),
+            Ok(missing) if missing.belongs_to(room_id) => checked.push(missing),
             Ok(_) => {}
             Err(e) => tracing::info!(%origin, "a missing event fails its checks: {e}"),
         }
