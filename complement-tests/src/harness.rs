@@ -249,6 +249,13 @@ impl Server {
         status.code()
     }
 
+    /// Kills the server with SIGKILL (no shutdown of any kind: what it had
+    /// not committed is gone, as after a crash) and waits for it to be gone.
+    pub async fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        child.kill().await.expect("kill seqline");
+    }
+
     /// Starts a stopped server again on the same data and database.
     pub async fn start_again(&mut self) {
         assert!(self.child.is_none(), "the server is running");

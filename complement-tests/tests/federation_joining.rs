@@ -19,6 +19,7 @@ backend_tests!(
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
     a_long_outage_is_caught_up_across_a_hole,
+    every_acknowledged_event_survives_a_kill,
     a_synapse_moderator_kicks_and_bans_a_seqline_user,
 );
 
@@ -395,6 +396,54 @@ async fn a_long_outage_is_caught_up_across_a_hole(backend: Backend) {
         (seqline_bodies(&a, &alice, &room).await.last().map(String::as_str) == Some("bob back")).then_some(())
     })
     .await;
+}
+
+/// Kill -9, of the sender and then of the receiver, while messages are
+/// being sent: after each comes back, every message whose send was
+/// answered 200 reaches the other server, once.
+async fn every_acknowledged_event_survives_a_kill(backend: Backend) {
+    let (mut a, mut b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat" })).await;
+    join_remote(&b, &bob, &room, &a).await;
+    let mut acked: Vec<String> = Vec::new();
+
+    // The sender dies with events queued (or in flight) for B.
+    for i in 0..10 {
+        let body = format!("before a dies {i}");
+        say(&a, &alice, &room, &body, &body).await;
+        acked.push(body);
+    }
+    a.server.kill().await;
+    a.server.start_again().await;
+    // The receiver dies while A sends to it.
+    let sending = async {
+        let mut sent = Vec::new();
+        for i in 0..10 {
+            let body = format!("while b dies {i}");
+            say(&a, &alice, &room, &body, &body).await;
+            sent.push(body);
+        }
+        sent
+    };
+    let (sent, ()) = tokio::join!(sending, async {
+        b.server.kill().await;
+    });
+    acked.extend(sent);
+    b.server.start_again().await;
+    // A tries again at once after its restart (else its backoff decides when).
+    a.server.restart().await;
+    let bodies = eventually("every acknowledged message on B", || async {
+        let bodies = seqline_bodies(&b, &bob, &room).await;
+        acked.iter().all(|m| bodies.contains(m)).then_some(bodies)
+    })
+    .await;
+    let mut unique = bodies.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), bodies.len(), "a message twice: {bodies:?}");
+    assert_eq!(bodies, acked, "in the order A sent them");
 }
 
 /// Moderation from the other side: the Synapse room's creator kicks alice
