@@ -1025,14 +1025,21 @@ async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
     for id in [&no_prevs_id, &unjoined_id, &early_id, &create2_id] {
         assert!(results["pdus"][id]["error"].is_string(), "{id} in {results}\n{}", a.server.log());
     }
-    // The honest message after them is taken and is the last word.
-    let mut honest = message("honest", json!([join_id]), full_auth);
+    // Sent again: rejected again, not taken the second time.
+    let (_, results) = acting.send_txn("where1b", &[&unjoined]).await;
+    assert!(results["pdus"][&unjoined_id]["error"].is_string(), "{results}");
+    // The honest message after them is taken and is the last word; so is
+    // one built on a rejected event (kept, with the state before it, so
+    // that what comes after it can be judged).
+    let mut honest = message("honest", json!([join_id]), full_auth.clone());
     let honest_id = acting.sign(&mut honest);
-    let (status, results) = acting.send_txn("where2", &[&honest]).await;
+    let mut built = message("built on a rejected one", json!([unjoined_id]), full_auth);
+    let built_id = acting.sign(&mut built);
+    let (status, results) = acting.send_txn("where2", &[&honest, &built]).await;
     assert_eq!(status, 200, "{results}");
-    assert_eq!(results["pdus"], json!({ honest_id: {} }), "{results}");
+    assert_eq!(results["pdus"], json!({ honest_id: {}, built_id: {} }), "{results}\n{}", a.server.log());
     let page = seqline_messages(&a, &alice, &room).await;
-    assert_eq!(message_bodies(&page), ["before bob", "honest"], "{page}");
+    assert_eq!(message_bodies(&page), ["before bob", "honest", "built on a rejected one"], "{page}");
     let (status, sent) =
         a.server.put(&room_path(&room, "/send/m.room.message/w1"), Some(&alice.token), text("alice")).await;
     assert_eq!(status, 200, "{sent}");

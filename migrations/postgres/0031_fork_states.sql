@@ -11,15 +11,18 @@ CREATE TABLE fork_states (
     PRIMARY KEY (event_id, event_type, state_key)
 );
 
--- Soft-failed events (they passed the rules against their own auth events
--- and the state before them, not against the room's state when they came):
--- kept as outliers, never on the line; base_seq is the position whose state,
--- with the event's fork_states rows over it, is the state after the event,
--- for events that name it as a prev event.
-CREATE TABLE soft_failed (
-    event_id TEXT PRIMARY KEY NOT NULL,
-    room_id  TEXT NOT NULL,
-    base_seq BIGINT NOT NULL
+-- Events kept off the line: soft-failed ones (they passed the rules against
+-- their own auth events and the state before them, not against the room's
+-- state when they came; rejected_reason NULL) and rejected ones (they failed
+-- the rules against their auth events or the state before them; the reason
+-- kept). Held as outliers, never placed; base_seq is the position whose
+-- state, with the event's fork_states rows over it, is the state after the
+-- event, for events that name it as a prev event.
+CREATE TABLE off_line_events (
+    event_id        TEXT PRIMARY KEY NOT NULL,
+    room_id         TEXT NOT NULL,
+    base_seq        BIGINT NOT NULL,
+    rejected_reason TEXT
 );
 
 -- Holes in the middle of a room's line: an event placed at seq whose prev

@@ -97,6 +97,10 @@ pub struct Pdu {
     /// The whole PDU as canonical JSON text (parsed into an object only when
     /// something needs the object: hashing, signing checks).
     text: Arc<str>,
+    /// Held as rejected (it failed the rules against its auth events or the
+    /// state before it): the auth rules refuse events that cite it, and
+    /// state resolution leaves it out.
+    pub rejected: bool,
 }
 
 #[derive(Deserialize)]
@@ -166,6 +170,7 @@ impl Pdu {
             redacts_top_level: fields.redacts,
             depth: fields.depth.into(),
             text,
+            rejected: false,
         })
     }
 
@@ -286,7 +291,7 @@ impl ruma::state_res::Event for Pdu {
         self.redacts.as_ref()
     }
     fn rejected(&self) -> bool {
-        false
+        self.rejected
     }
 }
 

@@ -399,8 +399,11 @@ impl RoomWriter {
         }
         let draft = pdu.as_draft()?;
         pdu::check_draft(&draft)?;
-        if crate::storage::outliers::soft_failed(self.tx.conn(), pdu.event_id.as_str()).await?.is_some() {
-            // Held already, off the line.
+        if let Some(kept) = crate::storage::outliers::off_line(self.tx.conn(), pdu.event_id.as_str()).await? {
+            // Held already, off the line: the same answer as the first time.
+            if kept.rejected {
+                return Err(Error::Forbidden("The event was rejected".into()));
+            }
             return Ok(Appended { pdu, seq: 0, is_new: false });
         }
         let mut prev_seqs = Vec::with_capacity(pdu.prev_events.len());
@@ -410,11 +413,11 @@ impl RoomWriter {
             let seq = match events::by_id_tx(self.tx.conn(), prev.as_str()).await? {
                 Some(e) if e.room_id == room => Some(e.seq),
                 Some(_) => None,
-                // A soft-failed prev event counts: its state is kept.
-                None => crate::storage::outliers::soft_failed(self.tx.conn(), prev.as_str())
+                // A soft-failed or rejected prev event counts: its state is kept.
+                None => crate::storage::outliers::off_line(self.tx.conn(), prev.as_str())
                     .await?
-                    .filter(|(r, _)| r == room)
-                    .map(|(_, base)| base),
+                    .filter(|kept| kept.room_id == room)
+                    .map(|kept| kept.base_seq),
             };
             match seq {
                 Some(seq) => prev_seqs.push(seq),
@@ -432,7 +435,13 @@ impl RoomWriter {
                 .await?
                 .filter(|e| e.room_id == self.room_id.as_str())
                 .ok_or_else(|| Error::Forbidden(format!("Auth event {id} is not known")))?;
-            let auth = Pdu::from_stored(&held.event_id, &held.json)?;
+            let mut auth = Pdu::from_stored(&held.event_id, &held.json)?;
+            if held.seq.is_none() {
+                // An outlier may have been rejected: the rules refuse what cites it.
+                auth.rejected = crate::storage::outliers::off_line(self.tx.conn(), id.as_str())
+                    .await?
+                    .is_some_and(|kept| kept.rejected);
+            }
             self.by_id.insert(auth.event_id.clone(), auth);
         }
         let mut auth_types = ruma::state_res::auth_types_for_event(
@@ -449,22 +458,27 @@ impl RoomWriter {
         for (state_type, state_key) in &auth_types {
             self.state_event(&state_type.to_string(), state_key).await?;
         }
-        self.check_own_auth_events(&pdu)?;
         // Off the room's head (a fork, or a join of forks): the state before
         // it, from its prev events' states, resolved where they differ.
         let fork = match across {
-            Some(before) => {
-                let fork = self.told_state(before, &auth_types).await?;
-                fork.check(&self.rules, &pdu, &self.by_id)?;
-                Some(fork)
-            }
+            Some(before) => Some(self.told_state(before, &auth_types).await?),
             None if self.extends_every_tip(&pdu) => None,
-            None => {
-                let fork = self.state_before(state.db.backend, &pdu, &prev_seqs, &auth_types).await?;
-                fork.check(&self.rules, &pdu, &self.by_id)?;
-                Some(fork)
-            }
+            None => Some(self.state_before(state.db.backend, &pdu, &prev_seqs, &auth_types).await?),
         };
+        // The spec's checks 4 and 5: an event that fails them is rejected.
+        // One of the room's is kept so that events built on it can be judged;
+        // one that reached us alone (a join through us) is only refused.
+        let allowed = self
+            .check_own_auth_events(&pdu)
+            .and_then(|()| fork.as_ref().map_or(Ok(()), |f| f.check(&self.rules, &pdu, &self.by_id)));
+        if let Err(rejected) = allowed {
+            if forward {
+                return Err(rejected);
+            }
+            tracing::info!(room_id = %self.room_id, event_id = %pdu.event_id, "rejected: {rejected}");
+            self.keep_off_line(pdu, fork, Some(&rejected.to_string())).await?;
+            return Err(rejected);
+        }
         let missing: Vec<String> = missing.into_iter().map(str::to_owned).collect();
         let redacts = super::redaction::target(&self.rules, &pdu)?;
         if let Err(refused) = self.check(&pdu, &draft, redacts.as_ref(), true).await? {
@@ -476,7 +490,7 @@ impl RoomWriter {
                 return Err(refused);
             }
             tracing::info!(room_id = %self.room_id, event_id = %pdu.event_id, "soft-failed: {refused}");
-            return self.soft_fail(pdu, fork).await;
+            return self.keep_off_line(pdu, fork, None).await;
         }
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         let appended = self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await?;

@@ -146,29 +146,47 @@ pub async fn held_by_ids_tx(conn: &mut AnyConnection, ids: &[&str]) -> Result<Ve
     Ok(found.into_values().collect())
 }
 
-/// Marks the outlier `event_id` of `room_id` soft-failed, its state after
-/// read at `base_seq` (see migration 0031).
-pub async fn mark_soft_failed(
+/// Marks the outlier `event_id` of `room_id` as kept off the line:
+/// soft-failed (`rejected`: `None`) or rejected for that reason; its state
+/// after is read at `base_seq` (see migration 0031).
+pub async fn mark_off_line(
     conn: &mut AnyConnection,
     event_id: &str,
     room_id: &str,
     base_seq: i64,
+    rejected: Option<&str>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO soft_failed (event_id, room_id, base_seq) VALUES ($1, $2, $3) ON CONFLICT (event_id) DO NOTHING",
+        "INSERT INTO off_line_events (event_id, room_id, base_seq, rejected_reason) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (event_id) DO NOTHING",
     )
     .bind(event_id)
     .bind(room_id)
     .bind(base_seq)
+    .bind(rejected)
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// The room and base position of a soft-failed event, if it is one.
-pub async fn soft_failed(conn: &mut AnyConnection, event_id: &str) -> Result<Option<(String, i64)>> {
-    Ok(sqlx::query_as("SELECT room_id, base_seq FROM soft_failed WHERE event_id = $1")
-        .bind(event_id)
-        .fetch_optional(conn)
-        .await?)
+/// An event kept off the line (soft-failed or rejected): its room, base
+/// position and whether it was rejected.
+#[derive(Debug, Clone)]
+pub struct OffLine {
+    /// Its room.
+    pub room_id: String,
+    /// The position its state after is read over.
+    pub base_seq: i64,
+    /// It was rejected (else soft-failed).
+    pub rejected: bool,
+}
+
+/// The record of an event kept off the line, if it is one.
+pub async fn off_line(conn: &mut AnyConnection, event_id: &str) -> Result<Option<OffLine>> {
+    let row: Option<(String, i64, Option<String>)> =
+        sqlx::query_as("SELECT room_id, base_seq, rejected_reason FROM off_line_events WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_optional(conn)
+            .await?;
+    Ok(row.map(|(room_id, base_seq, reason)| OffLine { room_id, base_seq, rejected: reason.is_some() }))
 }

@@ -257,18 +257,24 @@ impl RoomWriter {
         self.split_stays(appended.seq, &own, &current, &resolved, &mut events).await
     }
 
-    /// Keeps `pdu`, which failed the rules against the room's state now
-    /// (check 6) but passed those where it stands (`fork`: the state before
-    /// it off the head; `None`: the room's state), as a soft-failed outlier:
-    /// never on the line, so never in /sync, /messages, the ranges or the
-    /// forward extremities; served to other servers, and its state (the
-    /// state before it with it applied, kept as `fork_states` over the
-    /// head's position) read when an event names it as a prev event.
-    pub(super) async fn soft_fail(&mut self, pdu: Pdu, fork: Option<Fork>) -> Result<Appended> {
+    /// Keeps `pdu` off the line as an outlier: soft-failed (`rejected`:
+    /// `None`; it failed the rules against the room's state now, check 6,
+    /// but passed those where it stands) or rejected for that reason
+    /// (checks 4 or 5). Never placed, so never in /sync, /messages, the
+    /// ranges or the forward extremities; served to other servers; its state
+    /// after (the state before it (`fork`: off the head; `None`: the room's
+    /// state), with it applied unless rejected) kept as `fork_states` over
+    /// the head's position, read when an event names it as a prev event.
+    pub(super) async fn keep_off_line(
+        &mut self,
+        pdu: Pdu,
+        fork: Option<Fork>,
+        rejected: Option<&str>,
+    ) -> Result<Appended> {
         let base = self.last_seq;
         let line = self.line_at(base).await?;
         let mut own = fork.map(|f| f.before).unwrap_or_else(|| line.clone());
-        if let Some(state_key) = &pdu.state_key {
+        if let Some(state_key) = pdu.state_key.as_ref().filter(|_| rejected.is_none()) {
             own.insert(key_of(&pdu.kind.to_string(), state_key), pdu.event_id.clone());
         }
         let mut differs: Vec<(String, String, Option<String>)> = Vec::new();
@@ -282,7 +288,7 @@ impl RoomWriter {
         }
         crate::room::remote::hold(self.tx.conn(), self.room_id.as_str(), &pdu, crate::storage::now_ms())
             .await?;
-        outliers::mark_soft_failed(self.tx.conn(), pdu.event_id.as_str(), self.room_id.as_str(), base)
+        outliers::mark_off_line(self.tx.conn(), pdu.event_id.as_str(), self.room_id.as_str(), base, rejected)
             .await?;
         let rows: Vec<(&str, &str, Option<&str>)> =
             differs.iter().map(|(t, k, e)| (t.as_str(), k.as_str(), e.as_deref())).collect();
