@@ -182,3 +182,44 @@ pub async fn ids_at(
     .await?;
     Ok(rows.into_iter().filter_map(|(t, k, e)| Some((t, k, e?))).collect())
 }
+
+/// The keys with a row in `(lo, hi]`: where the room's state after `hi`
+/// may differ from the state after `lo` (one range scan, whatever the size
+/// of the state).
+pub async fn keys_changed_between(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    lo: i64,
+    hi: i64,
+) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT DISTINCT event_type, state_key FROM state_runs WHERE room_id = $1 AND seq > $2 AND seq <= $3",
+    )
+    .bind(room_id)
+    .bind(lo)
+    .bind(hi)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// The event holding (type, state key) in the room's state after `seq`
+/// (`None`: absent), one seek.
+pub async fn id_at(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+    seq: i64,
+) -> Result<Option<String>> {
+    let row: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT event_id FROM state_runs WHERE room_id = $1 AND event_type = $2 AND state_key = $3 \
+           AND seq <= $4 ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(room_id)
+    .bind(event_type)
+    .bind(state_key)
+    .bind(seq)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.flatten())
+}

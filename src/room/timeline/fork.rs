@@ -11,6 +11,8 @@
 //! lost, or has not yet won) keeps the difference in `fork_states`, read
 //! back when it is a prev event again.
 
+use std::collections::HashMap;
+
 use ruma::OwnedEventId;
 use ruma::events::StateEventType;
 use ruma::room_version_rules::RoomVersionRules;
@@ -21,13 +23,31 @@ use crate::room::pdu::Pdu;
 use crate::room::resolution::{self, Events, StateIds};
 use crate::storage::{Backend, dag, events, outliers, state_runs};
 
+/// A state as the line holds it after position `seq`, with an event's own
+/// differences over it (`over`: `None` = absent): the state after a placed
+/// event (or a soft-failed or rejected one) without reading it whole.
+#[derive(Debug, Clone, PartialEq)]
+struct Tip {
+    seq: i64,
+    over: HashMap<(StateEventType, String), Option<OwnedEventId>>,
+}
+
+/// The state before an event: a tip's (its prev events agree), or a whole
+/// state (resolved from theirs, or told by its sender after a hole).
+#[derive(Debug, Clone)]
+enum Before {
+    Tip(Tip),
+    Whole(StateIds),
+}
+
 /// The state before an event off the room's head, with the events read to
 /// know it.
 pub(super) struct Fork {
     /// The state before the event (the spec's S(E)).
-    before: StateIds,
-    /// The events `before` names for the keys the rules read, and whatever
-    /// a resolution read.
+    before: Before,
+    /// Its values for the keys the rules read for the event.
+    view: StateIds,
+    /// The events `view` names, and whatever a resolution read.
     events: Events,
 }
 
@@ -39,7 +59,7 @@ impl Fork {
             rules,
             pdu,
             |id| self.events.get(id).or_else(|| auth.get(id)),
-            |t, k| self.before.get(&(t.clone(), k.to_owned())).and_then(|id| self.events.get(id)),
+            |t, k| self.view.get(&(t.clone(), k.to_owned())).and_then(|id| self.events.get(id)),
         )
         .map_err(|e| Error::Forbidden(format!("Rejected by the state before it: {e}")))
     }
@@ -73,17 +93,83 @@ impl RoomWriter {
             .collect())
     }
 
-    /// The state after the placed event `id` at position `seq`: the room's
-    /// state there, and where the event stood on a side branch, the state it saw.
-    async fn state_after(&mut self, id: &str, seq: i64) -> Result<StateIds> {
-        let mut state = self.line_at(seq).await?;
-        for (t, k, e) in state_runs::fork_state(self.tx.conn(), id).await? {
-            match e.and_then(|e| OwnedEventId::try_from(e).ok()) {
-                Some(e) => state.insert(key_of(&t, &k), e),
-                None => state.remove(&key_of(&t, &k)),
+    /// The state after the event `id` whose state the line holds at `seq`
+    /// (placed there, or kept off the line over it): the line there, and
+    /// where the event stood on a side branch, the state it saw.
+    async fn tip_after(&mut self, id: &str, seq: i64) -> Result<Tip> {
+        let over = state_runs::fork_state(self.tx.conn(), id)
+            .await?
+            .into_iter()
+            .map(|(t, k, e)| (key_of(&t, &k), e.and_then(|e| OwnedEventId::try_from(e).ok())))
+            .collect();
+        Ok(Tip { seq, over })
+    }
+
+    /// A tip's state, read whole.
+    async fn whole(&mut self, tip: &Tip) -> Result<StateIds> {
+        let mut state = self.line_at(tip.seq).await?;
+        for (key, value) in &tip.over {
+            match value {
+                Some(id) => state.insert(key.clone(), id.clone()),
+                None => state.remove(key),
             };
         }
         Ok(state)
+    }
+
+    /// A tip's value for one key.
+    async fn value(&mut self, tip: &Tip, key: &(StateEventType, String)) -> Result<Option<OwnedEventId>> {
+        if let Some(value) = tip.over.get(key) {
+            return Ok(value.clone());
+        }
+        let room = self.room_id.to_string();
+        Ok(state_runs::id_at(self.tx.conn(), &room, &key.0.to_string(), &key.1, tip.seq)
+            .await?
+            .and_then(|id| OwnedEventId::try_from(id).ok()))
+    }
+
+    /// The keys where two tips' states differ, with `a`'s value for each:
+    /// only the keys with rows between their positions and their own
+    /// differences are looked at, so the cost follows the state changes
+    /// between them, not the size of the state.
+    async fn differing(
+        &mut self,
+        a: &Tip,
+        b: &Tip,
+    ) -> Result<Vec<((StateEventType, String), Option<OwnedEventId>)>> {
+        let room = self.room_id.to_string();
+        let (lo, hi) = (a.seq.min(b.seq), a.seq.max(b.seq));
+        let mut keys: Vec<(StateEventType, String)> =
+            state_runs::keys_changed_between(self.tx.conn(), &room, lo, hi)
+                .await?
+                .into_iter()
+                .map(|(t, k)| key_of(&t, &k))
+                .chain(a.over.keys().cloned())
+                .chain(b.over.keys().cloned())
+                .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut out = Vec::new();
+        for key in keys {
+            let (va, vb) = (self.value(a, &key).await?, self.value(b, &key).await?);
+            if va != vb {
+                out.push((key, va));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The tips of the room's graph but `except`, as tips.
+    async fn other_tips(&mut self, except: &OwnedEventId) -> Result<Vec<Tip>> {
+        let mut tips = Vec::new();
+        for tip in self.extremities.clone().iter().filter(|t| *t != except) {
+            let seq = events::by_id_tx(self.tx.conn(), tip.as_str())
+                .await?
+                .map(|e| e.seq)
+                .ok_or_else(|| Error::Internal(format!("forward extremity {tip} is not placed")))?;
+            tips.push(self.tip_after(tip.as_str(), seq).await?);
+        }
+        Ok(tips)
     }
 
     /// Reads the events among `ids` that `events` lacks (placed or outliers).
@@ -122,8 +208,9 @@ impl RoomWriter {
     }
 
     /// The state before `pdu`, whose prev events (placed at `prev_seqs`)
-    /// are not all of the room's tips: the state after them, resolved if
-    /// they differ; with the events the rules read for `pdu` (`keys`).
+    /// are not all of the room's tips: the state after them (read whole and
+    /// resolved only if they differ); with the events the rules read for
+    /// `pdu` (`keys`).
     pub(super) async fn state_before(
         &mut self,
         backend: Backend,
@@ -131,20 +218,29 @@ impl RoomWriter {
         prev_seqs: &[i64],
         keys: &[(StateEventType, String)],
     ) -> Result<Fork> {
-        let mut states: Vec<StateIds> = Vec::with_capacity(prev_seqs.len());
+        let mut tips: Vec<Tip> = Vec::with_capacity(prev_seqs.len());
         for (prev, seq) in pdu.prev_events.iter().zip(prev_seqs) {
-            let state = self.state_after(prev.as_str(), *seq).await?;
-            if !states.contains(&state) {
-                states.push(state);
+            let tip = self.tip_after(prev.as_str(), *seq).await?;
+            if !tips.contains(&tip) {
+                tips.push(tip);
             }
         }
+        let mut agree = true;
+        for other in tips.iter().skip(1) {
+            agree &= self.differing(&tips[0], other).await?.is_empty();
+        }
         let mut events = Events::new();
-        let before = match states.len() {
-            0 | 1 => states.pop().unwrap_or_default(),
-            _ => self.resolve(backend, &states, &mut events).await?,
+        let before = match tips.first() {
+            Some(first) if agree => Before::Tip(first.clone()),
+            _ => {
+                let mut states = Vec::with_capacity(tips.len());
+                for tip in &tips {
+                    states.push(self.whole(tip).await?);
+                }
+                Before::Whole(self.resolve(backend, &states, &mut events).await?)
+            }
         };
-        self.load(&mut events, keys.iter().filter_map(|k| before.get(k))).await?;
-        Ok(Fork { before, events })
+        self.fork(before, keys, events).await
     }
 
     /// The state before an event as its sender told it (after a hole), with
@@ -154,9 +250,28 @@ impl RoomWriter {
         before: StateIds,
         keys: &[(StateEventType, String)],
     ) -> Result<Fork> {
-        let mut events = Events::new();
-        self.load(&mut events, keys.iter().filter_map(|k| before.get(k))).await?;
-        Ok(Fork { before, events })
+        self.fork(Before::Whole(before), keys, Events::new()).await
+    }
+
+    /// A [`Fork`] of `before`, with its values for `keys` and their events.
+    async fn fork(
+        &mut self,
+        before: Before,
+        keys: &[(StateEventType, String)],
+        mut events: Events,
+    ) -> Result<Fork> {
+        let mut view = StateIds::new();
+        for key in keys {
+            let value = match &before {
+                Before::Tip(tip) => self.value(tip, key).await?,
+                Before::Whole(state) => state.get(key).cloned(),
+            };
+            if let Some(id) = value {
+                view.insert(key.clone(), id);
+            }
+        }
+        self.load(&mut events, view.values()).await?;
+        Ok(Fork { before, view, events })
     }
 
     /// [`super::append_across_gap`] in this write: the fetched events held
@@ -185,19 +300,41 @@ impl RoomWriter {
         appended: &Appended,
         fork: Fork,
     ) -> Result<()> {
-        let Fork { before: mut own, mut events } = fork;
+        let Fork { before, mut events, .. } = fork;
         let pdu = &appended.pdu;
-        if let Some(state_key) = &pdu.state_key {
-            own.insert(key_of(&pdu.kind.to_string(), state_key), pdu.event_id.clone());
-        }
+        let own_key = pdu.state_key.as_ref().map(|k| key_of(&pdu.kind.to_string(), k));
         events.insert(pdu.event_id.clone(), pdu.clone());
+        let others = self.other_tips(&pdu.event_id).await?;
+        // Where every tip's state is the event's own (a message on a
+        // branch where nothing else changed, the common fork), nothing is
+        // read whole: the room's state is the event's, and only the keys
+        // where it differs from the line there are written.
+        if let Before::Tip(before) = &before {
+            let mut own = before.clone();
+            if let Some(key) = &own_key {
+                own.over.insert(key.clone(), Some(pdu.event_id.clone()));
+            }
+            let mut agree = true;
+            for other in &others {
+                agree &= self.differing(&own, other).await?.is_empty();
+            }
+            if agree {
+                let line = Tip { seq: appended.seq, over: HashMap::new() };
+                let changed = self.differing(&own, &line).await?;
+                self.load(&mut events, changed.iter().filter_map(|(_, id)| id.as_ref())).await?;
+                return self.apply_resolved(appended.seq, own_key.as_ref(), &changed, &events).await;
+            }
+        }
+        let mut own = match &before {
+            Before::Tip(tip) => self.whole(tip).await?,
+            Before::Whole(state) => state.clone(),
+        };
+        if let Some(key) = &own_key {
+            own.insert(key.clone(), pdu.event_id.clone());
+        }
         let mut states = vec![own.clone()];
-        for tip in self.extremities.clone().iter().filter(|t| **t != pdu.event_id) {
-            let seq = events::by_id_tx(self.tx.conn(), tip.as_str())
-                .await?
-                .map(|e| e.seq)
-                .ok_or_else(|| Error::Internal(format!("forward extremity {tip} is not placed")))?;
-            let state = self.state_after(tip.as_str(), seq).await?;
+        for other in &others {
+            let state = self.whole(other).await?;
             if !states.contains(&state) {
                 states.push(state);
             }
@@ -207,37 +344,18 @@ impl RoomWriter {
 
         // The line at the event holds the room's state before it with the
         // event's own key applied (place did that); the resolution's
-        // changes go on top.
+        // changes go on top. A key no tip's state lets stand (a join whose
+        // join rule lost, say) becomes absent.
         let line = self.line_at(appended.seq).await?;
-        let mut changed: Vec<(&(StateEventType, String), &OwnedEventId)> =
-            current.iter().filter(|(key, id)| line.get(*key) != Some(*id)).collect();
+        let mut changed: Vec<((StateEventType, String), Option<OwnedEventId>)> = current
+            .iter()
+            .filter(|(key, id)| line.get(*key) != Some(*id))
+            .map(|(key, id)| (key.clone(), Some(id.clone())))
+            .chain(line.keys().filter(|key| !current.contains_key(*key)).map(|key| (key.clone(), None)))
+            .collect();
         changed.sort_unstable();
-        // A key no tip's state lets stand (a join whose join rule lost, say).
-        let mut dropped: Vec<&(StateEventType, String)> =
-            line.keys().filter(|key| !current.contains_key(*key)).collect();
-        dropped.sort_unstable();
-        self.load(&mut events, changed.iter().map(|(_, id)| *id)).await?;
-        // The event's own membership change opened its rows here; others'
-        // rows that the resolution ends, end before it.
-        let own_key = pdu.state_key.as_ref().map(|k| key_of(&pdu.kind.to_string(), k));
-        for ((kind, state_key), id) in &changed {
-            let event = events
-                .get(*id)
-                .cloned()
-                .ok_or_else(|| Error::Internal(format!("resolved state event {id} is not held")))?;
-            let own = own_key.as_ref() == Some(&(kind.clone(), state_key.clone()));
-            self.set_state_at(appended.seq, &kind.to_string(), state_key, Some(&event), own).await?;
-        }
-        for (kind, state_key) in &dropped {
-            let own = own_key.as_ref() == Some(&(kind.clone(), state_key.clone()));
-            self.set_state_at(appended.seq, &kind.to_string(), state_key, None, own).await?;
-        }
-        if !changed.is_empty() || !dropped.is_empty() {
-            self.state_changed = true;
-            if let Some((_, last)) = self.reservations.last_mut() {
-                last.resolved = true;
-            }
-        }
+        self.load(&mut events, changed.iter().filter_map(|(_, id)| id.as_ref())).await?;
+        self.apply_resolved(appended.seq, own_key.as_ref(), &changed, &events).await?;
 
         let mut differs: Vec<(String, String, Option<String>)> = Vec::new();
         for (key, id) in &own {
@@ -253,8 +371,39 @@ impl RoomWriter {
                 differs.iter().map(|(t, k, e)| (t.as_str(), k.as_str(), e.as_deref())).collect();
             state_runs::put_fork_state(self.tx.conn(), pdu.event_id.as_str(), &rows).await?;
         }
-        let resolved: Vec<&(StateEventType, String)> = changed.iter().map(|(key, _)| *key).collect();
+        let resolved: Vec<&(StateEventType, String)> = changed.iter().map(|(key, _)| key).collect();
         self.split_stays(appended.seq, &own, &current, &resolved, &mut events).await
+    }
+
+    /// Writes the keys a resolution changed at `seq` (`None`: now absent);
+    /// `own_key`: the event's own, whose rows it opened there.
+    async fn apply_resolved(
+        &mut self,
+        seq: i64,
+        own_key: Option<&(StateEventType, String)>,
+        changed: &[((StateEventType, String), Option<OwnedEventId>)],
+        events: &Events,
+    ) -> Result<()> {
+        for (key, id) in changed {
+            let event = match id {
+                Some(id) => Some(
+                    events
+                        .get(id)
+                        .cloned()
+                        .ok_or_else(|| Error::Internal(format!("resolved state event {id} is not held")))?,
+                ),
+                None => None,
+            };
+            let own = own_key == Some(key);
+            self.set_state_at(seq, &key.0.to_string(), &key.1, event.as_ref(), own).await?;
+        }
+        if !changed.is_empty() {
+            self.state_changed = true;
+            if let Some((_, last)) = self.reservations.last_mut() {
+                last.resolved = true;
+            }
+        }
+        Ok(())
     }
 
     /// Keeps `pdu` off the line as an outlier: soft-failed (`rejected`:
@@ -273,7 +422,11 @@ impl RoomWriter {
     ) -> Result<Appended> {
         let base = self.last_seq;
         let line = self.line_at(base).await?;
-        let mut own = fork.map(|f| f.before).unwrap_or_else(|| line.clone());
+        let mut own = match fork.map(|f| f.before) {
+            Some(Before::Tip(tip)) => self.whole(&tip).await?,
+            Some(Before::Whole(state)) => state,
+            None => line.clone(),
+        };
         if let Some(state_key) = pdu.state_key.as_ref().filter(|_| rejected.is_none()) {
             own.insert(key_of(&pdu.kind.to_string(), state_key), pdu.event_id.clone());
         }
