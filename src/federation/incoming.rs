@@ -188,7 +188,8 @@ const MISSING_LIMIT: u32 = 10;
 
 /// Asks `origin` for the events between our forward extremities and `pdu`
 /// (`/get_missing_events`), checks them and places those that fit, oldest
-/// first; answers how many were placed. A failure to ask is not an error of
+/// first; answers how many were placed. An answer holding an event of
+/// another room is refused whole. A failure to ask is not an error of
 /// ours: nothing is placed.
 async fn fetch_missing(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: &Pdu) -> Result<usize> {
     use ruma::api::federation::event::get_missing_events;
@@ -209,8 +210,13 @@ async fn fetch_missing(state: &AppState, origin: &ServerName, room_id: &RoomId, 
     let mut checked = Vec::new();
     for raw in events.iter().take(MISSING_LIMIT as usize) {
         match check_pdu(state, &rules, raw).await {
-            Ok(missing) if missing.room_id.as_deref() == Some(room_id) => checked.push(missing),
-            Ok(_) => {}
+            Ok(missing) if !version::belongs_to(&rules, &missing, room_id) => {
+                // An answer holding another room's events is not used at all.
+                tracing::info!(%origin, %room_id, event_id = %missing.event_id,
+                    "get_missing_events answered with another room's event: answer refused");
+                return Ok(0);
+            }
+            Ok(missing) => checked.push(missing),
             Err(e) => tracing::info!(%origin, "a missing event fails its checks: {e}"),
         }
     }
