@@ -1,8 +1,10 @@
 //! Hostile servers answering seqline's own requests, played by a
 //! `FakeServer`: a room host whose send_join answer holds real, signed
 //! events of another room (a local user's join there) must not make that
-//! user look joined; the answer is refused whole and nothing is stored. An
-//! honest fake answer, as a control, lets the user join and hear the host.
+//! user look joined; the answer is refused whole and nothing is stored. The
+//! same for what seqline fetches of a room it is in: /get_missing_events,
+//! /backfill, /state_ids with /event. Honest fake answers, as controls, let
+//! the user join, hear the host and read the history.
 
 use complement_tests::api::{
     V3, assert_error, create_room, enc, event_id_of, join, room_path, sync_once, text,
@@ -18,6 +20,8 @@ backend_tests!(
     an_honest_host_lets_a_user_join_and_talk,
     a_host_cannot_make_local_users_look_joined_v11,
     a_host_cannot_make_local_users_look_joined_v12,
+    missing_events_with_another_rooms_event_are_refused,
+    backfill_answers_with_another_rooms_event_are_refused,
 );
 
 const MAKE_JOIN: &str = "/_matrix/federation/v1/make_join/";
@@ -55,6 +59,155 @@ async fn message_bodies(seq: &FedServer, user: &User, room: &str) -> Vec<String>
         seq.server.get(&room_path(room, "/messages?dir=b&limit=50"), Some(&user.token)).await;
     assert_eq!(status, 200, "{page}");
     complement_tests::api::message_bodies(&page)
+}
+
+/// A room `creator` makes on seqline (public), which `others` join, then the
+/// fake's mallory through make_join/send_join; answers its id and the
+/// send_join answer the fake got.
+async fn seqline_room(
+    seq: &FedServer,
+    fake: &FakeServer,
+    creator: &User,
+    others: &[&User],
+    version: &str,
+) -> (String, Value) {
+    let body = json!({ "preset": "public_chat", "room_version": version });
+    let room = create_room(&seq.server, creator, body).await;
+    for user in others {
+        join(&seq.server, user, &room).await;
+    }
+    let (_, _, answer) = fake.join(seq, &room, &fake.user_id("mallory")).await;
+    (room, answer)
+}
+
+/// `user`'s join of `room` (from the fake's send_join `answer`), fetched
+/// through `/event` as the fake: real and signed by seqline.
+async fn member_event(seq: &FedServer, fake: &FakeServer, room: &str, answer: &Value, user: &str) -> Value {
+    let id = answer["state"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "m.room.member" && e["state_key"] == user)
+        .map(pdu::event_id)
+        .unwrap_or_else(|| panic!("no join of {user} in {answer}"));
+    let event = fake.event(seq, &id).await;
+    assert_eq!(
+        (event["sender"].as_str(), event["content"]["membership"].as_str(), event["room_id"].as_str()),
+        (Some(user), Some("join"), Some(room))
+    );
+    event
+}
+
+/// A v12 room the fake hosts with one message of mallory's ("before
+/// alice") that alice then joins through an honest answer. Answers the
+/// room (alice's join its newest event), the message and the state ids
+/// before it.
+async fn joined_with_history(
+    seq: &FedServer,
+    fake: &FakeServer,
+    alice: &User,
+) -> (FakeRoom, Value, Vec<String>) {
+    let mallory = fake.user_id("mallory");
+    let mut room = fake.create_room("12", &mallory);
+    let state_ids: Vec<String> = room.state_events().iter().map(pdu::event_id).collect();
+    let (_, message) = fake.add(&mut room, "m.room.message", None, &mallory, text("before alice"));
+    host_join(fake, &room, &alice.user_id, room.send_join_answer(&[&fake.name]));
+    let (status, joined) = join_via(seq, alice, &room.room_id, &fake.name).await;
+    assert_eq!(status, 200, "{joined}");
+    let sent = fake.requests_to(&format!("{SEND_JOIN}{}/", room.room_id));
+    room.push(sent[0].body.clone());
+    (room, message, state_ids)
+}
+
+/// A federation answer carrying `pdus`.
+fn pdus_answer(fake: &FakeServer, pdus: &[&Value]) -> Value {
+    json!({ "origin": fake.name, "origin_server_ts": complement_tests::federation::now_ms(), "pdus": pdus })
+}
+
+/// `/get_missing_events`: an answer holding another room's event (alice's
+/// real join of a seqline room) is not used at all, so the event that needed
+/// it is refused; the same answer without it fills the gap.
+async fn missing_events_with_another_rooms_event_are_refused(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let mallory = fake.user_id("mallory");
+    let (r2, r2_answer) = seqline_room(&seq, &fake, &alice, &[], "12").await;
+    let foreign = member_event(&seq, &fake, &r2, &r2_answer, &alice.user_id).await;
+    let (mut room, _, _) = joined_with_history(&seq, &fake, &alice).await;
+
+    // m1 is never sent; m2 names it as its prev.
+    let (m1_id, m1) = fake.add(&mut room, "m.room.message", None, &mallory, text("m1"));
+    let (m2_id, m2) = fake.add(&mut room, "m.room.message", None, &mallory, text("m2"));
+    let gme = format!("/_matrix/federation/v1/get_missing_events/{}", room.room_id);
+    fake.answer("POST", &gme, 200, json!({ "events": [m1, foreign] }));
+    let (status, results) = fake.send_txn(&seq, "t1", &[&m2]).await;
+    assert_eq!(status, 200, "{results}");
+    assert!(results["pdus"][&m2_id]["error"].is_string(), "{results}");
+    let asked = fake.requests_to(&gme);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].body["latest_events"], json!([m2_id]));
+    assert!(message_bodies(&seq, &alice, &room.room_id).await.iter().all(|b| b != "m1" && b != "m2"));
+    assert_eq!(joined_rooms(&seq, &alice).await.len(), 2);
+
+    // The honest answer fills the gap.
+    fake.answer("POST", &gme, 200, json!({ "events": [m1] }));
+    let (status, results) = fake.send_txn(&seq, "t2", &[&m2]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"][&m2_id], json!({}), "{results}");
+    let (status, event) = seq
+        .server
+        .get(&room_path(&room.room_id, &format!("/event/{}", enc(&m1_id))), Some(&alice.token))
+        .await;
+    assert_eq!((status, event["content"]["body"].as_str()), (200, Some("m1")), "{event}");
+    let bodies = message_bodies(&seq, &alice, &room.room_id).await;
+    assert_eq!(bodies[bodies.len() - 2..], ["m1", "m2"], "{bodies:?}");
+}
+
+/// Backfill: history before alice's join is not taken from a /backfill
+/// answer holding another room's event, nor when the state before it
+/// (/state_ids) names another room's event that /event then serves; the
+/// honest answers give it.
+async fn backfill_answers_with_another_rooms_event_are_refused(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let (r2, r2_answer) = seqline_room(&seq, &fake, &alice, &[], "12").await;
+    let foreign = member_event(&seq, &fake, &r2, &r2_answer, &alice.user_id).await;
+    let foreign_id = pdu::event_id(&foreign);
+    fake.answer(
+        "GET",
+        &format!("/_matrix/federation/v1/event/{foreign_id}"),
+        200,
+        pdus_answer(&fake, &[&foreign]),
+    );
+
+    for case in ["/backfill", "/state_ids", "honest"] {
+        let (room, before, state_ids) = joined_with_history(&seq, &fake, &alice).await;
+        let r = &room.room_id;
+        let backfill = format!("/_matrix/federation/v1/backfill/{r}");
+        let pdus: Vec<&Value> = if case == "/backfill" { vec![&before, &foreign] } else { vec![&before] };
+        fake.answer("GET", &backfill, 200, pdus_answer(&fake, &pdus));
+        let mut pdu_ids = state_ids.clone();
+        if case == "/state_ids" {
+            pdu_ids.push(foreign_id.clone());
+        }
+        let state_ids_path = format!("/_matrix/federation/v1/state_ids/{r}");
+        fake.answer("GET", &state_ids_path, 200, json!({ "pdu_ids": pdu_ids, "auth_chain_ids": state_ids }));
+
+        let bodies = message_bodies(&seq, &alice, r).await;
+        let asked = fake.requests_to(&backfill);
+        assert!(
+            !asked.is_empty() && asked[0].query.contains(&enc(&pdu::event_id(&before))),
+            "{case}: {asked:?}"
+        );
+        if case == "honest" {
+            assert_eq!(bodies, ["before alice"], "{case}");
+        } else {
+            assert!(bodies.is_empty(), "{case}: {bodies:?}");
+        }
+        if case == "/state_ids" {
+            assert!(!fake.requests_to(&format!("/_matrix/federation/v1/event/{foreign_id}")).is_empty());
+        }
+    }
 }
 
 /// The control: the fake hosts a room and answers honestly; alice joins
@@ -118,30 +271,11 @@ async fn a_host_cannot_make_local_users_look_joined(backend: Backend, version: &
     let bob = seq.server.register("bob", "pw").await;
     let mallory = fake.user_id("mallory");
 
-    // R2 on seqline, with alice, bob and (through make_join/send_join) mallory.
-    let r2 =
-        create_room(&seq.server, &alice, json!({ "preset": "public_chat", "room_version": version })).await;
-    join(&seq.server, &bob, &r2).await;
-    let (_, _, r2_answer) = fake.join(&seq, &r2, &mallory).await;
-    let member_id = |user: &str| {
-        r2_answer["state"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["type"] == "m.room.member" && e["state_key"] == user)
-            .map(pdu::event_id)
-            .unwrap_or_else(|| panic!("no join of {user} in {r2_answer}"))
-    };
-    // The real, signed joins, fetched as any server in R2 may.
-    let alice_r2_join = fake.event(&seq, &member_id(&alice.user_id)).await;
-    let bob_r2_join = fake.event(&seq, &member_id(&bob.user_id)).await;
-    for (event, user) in [(&alice_r2_join, &alice.user_id), (&bob_r2_join, &bob.user_id)] {
-        assert_eq!(
-            (event["sender"].as_str(), event["content"]["membership"].as_str()),
-            (Some(&**user), Some("join"))
-        );
-        assert_eq!(event["room_id"], r2.as_str());
-    }
+    // R2 on seqline, with alice, bob and (through make_join/send_join) mallory;
+    // their real, signed joins, fetched as any server in R2 may.
+    let (r2, r2_answer) = seqline_room(&seq, &fake, &alice, &[&bob], version).await;
+    let alice_r2_join = member_event(&seq, &fake, &r2, &r2_answer, &alice.user_id).await;
+    let bob_r2_join = member_event(&seq, &fake, &r2, &r2_answer, &bob.user_id).await;
 
     // R1, hosted by the fake: its answer's state adds both R2 joins, and its
     // auth chain everything of R2 they need.
