@@ -9,10 +9,11 @@
 //! `old_verify_keys` the test may change (`set_key_validity`,
 //! `set_old_verify_keys`).
 //!
-//! Every other request is answered from the test's script: `answer(method,
-//! path prefix, status, body)` or `answer_with(method, prefix, handler)`;
-//! the most recent matching entry wins, paths are matched percent-decoded
-//! (`/_matrix/federation/v1/make_join/!room:x/@u:y`). Unscripted, a `/send`
+//! Requests are answered from the test's script: `answer(method, path
+//! prefix, status, body)` or `answer_with(method, prefix, handler)`; the
+//! most recent matching entry wins, paths are matched percent-decoded
+//! (`/_matrix/federation/v1/make_join/!room:x/@u:y`). Unscripted, the key
+//! object is served (also as `/_matrix/key/v2/query/<its name>`), a `/send`
 //! transaction is taken (200, no per-PDU errors) and anything else is
 //! 404 M_UNRECOGNIZED. Every request is recorded (`requests`, `requests_to`)
 //! so a test can assert what seqline asked.
@@ -97,9 +98,6 @@ impl Shared {
     }
 
     fn answer(&self, request: &Received) -> (u16, Value) {
-        if request.method == "GET" && request.path.starts_with("/_matrix/key/v2/server") {
-            return (200, self.key_object());
-        }
         let handlers: Vec<Handler> = lock(&self.routes)
             .iter()
             .rev()
@@ -108,6 +106,13 @@ impl Shared {
             .collect();
         if let Some(answer) = handlers.iter().find_map(|h| h(request)) {
             return answer;
+        }
+        if request.method == "GET" && request.path.starts_with("/_matrix/key/v2/server") {
+            return (200, self.key_object());
+        }
+        // As its own notary: its key object, whatever validity was asked for.
+        if request.method == "GET" && request.path == format!("/_matrix/key/v2/query/{}", self.name) {
+            return (200, json!({ "server_keys": [self.key_object()] }));
         }
         if request.method == "PUT" && request.path.starts_with("/_matrix/federation/v1/send/") {
             return (200, json!({ "pdus": {} }));

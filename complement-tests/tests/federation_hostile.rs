@@ -11,7 +11,7 @@ use complement_tests::api::{
 };
 use complement_tests::backend_tests;
 use complement_tests::fake::{FakeRoom, FakeServer};
-use complement_tests::federation::FedServer;
+use complement_tests::federation::{FedServer, now_ms};
 use complement_tests::harness::{Backend, User};
 use complement_tests::pdu;
 use serde_json::{Value, json};
@@ -22,6 +22,7 @@ backend_tests!(
     a_host_cannot_make_local_users_look_joined_v12,
     missing_events_with_another_rooms_event_are_refused,
     backfill_answers_with_another_rooms_event_are_refused,
+    signing_keys_are_judged_at_the_events_time,
 );
 
 const MAKE_JOIN: &str = "/_matrix/federation/v1/make_join/";
@@ -121,7 +122,7 @@ async fn joined_with_history(
 
 /// A federation answer carrying `pdus`.
 fn pdus_answer(fake: &FakeServer, pdus: &[&Value]) -> Value {
-    json!({ "origin": fake.name, "origin_server_ts": complement_tests::federation::now_ms(), "pdus": pdus })
+    json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": pdus })
 }
 
 /// `/get_missing_events`: an answer holding another room's event (alice's
@@ -316,4 +317,60 @@ async fn a_host_cannot_make_local_users_look_joined(backend: Backend, version: &
     let mut members = vec![alice.user_id.clone(), bob.user_id.clone(), mallory];
     members.sort_unstable();
     assert_eq!(joined_members(&seq, &bob, &r2).await, members);
+}
+
+/// Room versions 5 on: a server's key must have been valid when the event
+/// says it was made. A retired key still verifies what it signed while in
+/// use, not later; a current key the validity we hold does not cover is
+/// asked for again with `minimum_valid_until_ts` (and the longer validity
+/// the server now publishes is used), but what lies past it is refused.
+async fn signing_keys_are_judged_at_the_events_time(backend: Backend) {
+    use base64::Engine;
+    const HOUR: i64 = 3_600_000;
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let now = now_ms();
+    // The fake's previous key, retired an hour ago; its current one valid for an hour.
+    let old = ("ed25519:old".to_owned(), ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]));
+    let old_public =
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(old.1.verifying_key().to_bytes());
+    fake.set_old_verify_keys(json!({ &old.0: { "key": old_public, "expired_ts": now - HOUR } }));
+    fake.set_key_validity(now + HOUR);
+    let alice = seq.server.register("alice", "pw").await;
+    let mallory = fake.user_id("mallory");
+    let (mut room, _, _) = joined_with_history(&seq, &fake, &alice).await;
+
+    // A message of mallory's made at `ts`, signed with `key`, offered in
+    // transaction `txn`: the per-PDU answer (a taken one joins the room's events).
+    let mut offer = async |txn: &str, body: &str, ts: i64, key: &(String, ed25519_dalek::SigningKey)| {
+        let mut event = room.draft("m.room.message", None, &mallory, text(body));
+        event["origin_server_ts"] = json!(ts);
+        let id = pdu::sign(&mut event, &fake.name, &key.0, &key.1);
+        let (status, results) = fake.send_txn(&seq, txn, &[&event]).await;
+        assert_eq!(status, 200, "{results}");
+        let result = results["pdus"][&id].clone();
+        if result == json!({}) {
+            room.push(event);
+        }
+        result
+    };
+
+    // Signed with the old key while it was in use.
+    assert_eq!(offer("t1", "old key in use", now - 2 * HOUR, &old).await, json!({}));
+    // Past the validity seqline holds: asked again; the fake now says three hours.
+    fake.set_key_validity(now + 3 * HOUR);
+    let later = now + 2 * HOUR;
+    assert_eq!(offer("t2", "current key, extended", later, &fake.key).await, json!({}));
+    let asked = fake.requests_to(&format!("/_matrix/key/v2/query/{}", fake.name));
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].query.contains(&format!("minimum_valid_until_ts={later}")), "{}", asked[0].query);
+    // Past even that, and the old key after it was retired: refused.
+    let refused = offer("t3", "current key, too late", now + 5 * HOUR, &fake.key).await;
+    assert!(refused["error"].as_str().unwrap_or_default().contains("signature"), "{refused}");
+    let refused = offer("t4", "old key, retired", now, &old).await;
+    assert!(refused["error"].as_str().unwrap_or_default().contains("signature"), "{refused}");
+
+    assert_eq!(
+        message_bodies(&seq, &alice, &room.room_id).await,
+        ["old key in use", "current key, extended"]
+    );
 }
