@@ -26,7 +26,7 @@ pub struct FedServer {
 }
 
 /// A directory removed when dropped (also when a start is abandoned midway).
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {

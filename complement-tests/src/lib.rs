@@ -1,8 +1,10 @@
 //! Black-box test support: the server harness, request helpers, federation
-//! helpers and a real Synapse as a federation peer.
+//! helpers, a scriptable fake federation server and a real Synapse as a
+//! federation peer.
 
 pub mod api;
 pub mod e2ee;
+pub mod fake;
 pub mod federation;
 pub mod harness;
 pub mod pdu;

@@ -11,7 +11,9 @@
 //! is linear almost always), else the answer of /state_ids at the event
 //! from the same server (as Synapse does for events whose parents it lacks),
 //! its events loaded from what we hold or fetched (/event, or /state when
-//! many are missing) and each checked against its own auth events. An event
+//! many are missing) and each checked against its own auth events. An
+//! answer holding an event of another room is refused with what the server
+//! gave for the batch (the next server is asked). An event
 //! that fails is not placed and not asked for again for an hour; its
 //! parents still are, so one bad event does not end the history.
 //!
@@ -163,10 +165,10 @@ async fn fetch(
     let mut got: HashMap<OwnedEventId, Pdu> = HashMap::new();
     for raw in answer.pdus.iter().take(BATCH as usize * 2) {
         match super::incoming::check_pdu(state, rules, raw).await {
-            Ok(pdu) if pdu.belongs_to(room_id) => {
+            Ok(pdu) => {
+                refuse_other_rooms(rules, &pdu, room_id, server, "/backfill")?;
                 got.insert(pdu.event_id.clone(), pdu);
             }
-            Ok(pdu) => tracing::info!(event_id = %pdu.event_id, "backfill: another room's event"),
             Err(e) => tracing::info!(%server, "backfill: dropped an event: {e}"),
         }
     }
@@ -236,6 +238,24 @@ async fn fetch(
         return Ok(None);
     }
     Ok(Some(Batch { bottom, events, outliers: known.fetched, known: known.pdus }))
+}
+
+/// Refuses a server's answer (the whole batch it serves) holding `pdu`
+/// when that is an event of another room than `room_id`.
+fn refuse_other_rooms(
+    rules: &RoomVersionRules,
+    pdu: &Pdu,
+    room_id: &RoomId,
+    server: &OwnedServerName,
+    what: &str,
+) -> Result<()> {
+    if crate::room::version::belongs_to(rules, pdu, room_id) {
+        return Ok(());
+    }
+    Err(Error::RemoteUnavailable(format!(
+        "{server}'s {what} answer holds an event of another room ({})",
+        pdu.event_id
+    )))
 }
 
 /// The events of `got` reached from `missing` through `prev_events`, in the
@@ -371,10 +391,10 @@ impl Known {
         let mut candidates: HashMap<OwnedEventId, Pdu> = HashMap::new();
         for raw in &raws {
             match super::incoming::check_pdu(state, rules, raw).await {
-                Ok(pdu) if pdu.belongs_to(room_id) => {
+                Ok(pdu) => {
+                    refuse_other_rooms(rules, &pdu, room_id, server, "/state or /event")?;
                     candidates.insert(pdu.event_id.clone(), pdu);
                 }
-                Ok(_) => {}
                 Err(e) => tracing::info!(%server, "backfill: dropped a fetched event: {e}"),
             }
         }

@@ -1,7 +1,8 @@
 //! Events other servers send us: each PDU is checked before anything stores
 //! it (size, format for its room's version, event id, the signatures of
 //! every server that must have signed it, content hash: a mismatch keeps the
-//! redacted copy, as the spec says), then goes through the room's write
+//! redacted copy, as the spec says; from room version 5 on, each key must
+//! have been valid at the event's `origin_server_ts`), then goes through the room's write
 //! queue like a local event (`RoomWriter::append_remote`: auth against its
 //! auth events and the current state, placed at the head). Transactions
 //! (`/send`) are answered per PDU and remembered, so a retry changes nothing.
@@ -85,7 +86,8 @@ pub fn countersign(state: &AppState, rules: &RoomVersionRules, pdu: Pdu) -> Resu
     Pdu::from_checked(pdu.event_id.clone(), &object)
 }
 
-/// The keys of every server whose signature the event needs.
+/// The keys of every server whose signature the event needs: in room
+/// versions 5 and later those valid at its `origin_server_ts`.
 async fn signing_keys(
     state: &AppState,
     object: &CanonicalJsonObject,
@@ -93,6 +95,12 @@ async fn signing_keys(
 ) -> Result<PublicKeyMap> {
     let servers = ruma::signatures::required_server_signatures_to_verify_event(object, &rules.signatures)
         .map_err(|e| Error::BadJson(format!("Cannot tell who must have signed the event: {e}")))?;
+    // Room versions 5 on: the keys valid when the event says it was made.
+    let at = match object.get("origin_server_ts") {
+        _ if !rules.enforce_key_validity => None,
+        Some(CanonicalJsonValue::Integer(ts)) => Some(i64::from(*ts)),
+        _ => return Err(Error::BadJson("The event has no origin_server_ts".into())),
+    };
     let signatures = object.get("signatures").and_then(|s| s.as_object());
     let mut map = PublicKeyMap::new();
     for server in servers {
@@ -101,7 +109,7 @@ async fn signing_keys(
             .and_then(|s| s.as_object())
             .and_then(|s| s.keys().next().cloned())
             .ok_or_else(|| Error::InvalidSignature(format!("The event is not signed by {server}")))?;
-        let keys = super::keys::public_keys(state, &server, &wanted)
+        let keys = super::keys::keys_at(state, &server, &wanted, at)
             .await
             .map_err(|e| Error::InvalidSignature(format!("Cannot get the signing keys of {server}: {e}")))?;
         map.insert(server.to_string(), keys);
@@ -226,8 +234,8 @@ async fn across_gap(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu
 }
 
 /// Asks `origin` for the events between our forward extremities and `pdu`
-/// (`/get_missing_events`), checks them (another room's are dropped) and
-/// answers them parents first (their prev edges; depth only breaks ties). A
+/// (`/get_missing_events`), checks them (an answer holding an event of
+/// another room is refused whole) and answers them parents first (their prev edges; depth only breaks ties). A
 /// failure to ask is not an error of ours: nothing is answered.
 async fn fetch_missing(
     state: &AppState,
@@ -253,8 +261,13 @@ async fn fetch_missing(
     let mut checked = Vec::new();
     for raw in events.iter().take(MISSING_LIMIT as usize) {
         match check_pdu(state, &rules, raw).await {
-            Ok(missing) if missing.belongs_to(room_id) => checked.push(missing),
-            Ok(_) => {}
+            Ok(missing) if !version::belongs_to(&rules, &missing, room_id) => {
+                // An answer holding another room's events is not used at all.
+                tracing::info!(%origin, %room_id, event_id = %missing.event_id,
+                    "get_missing_events answered with another room's event: answer refused");
+                return Ok(Vec::new());
+            }
+            Ok(missing) => checked.push(missing),
             Err(e) => tracing::info!(%origin, "a missing event fails its checks: {e}"),
         }
     }

@@ -3,8 +3,9 @@
 //! `version::FEDERATED`), our join built from the template and signed (in
 //! versions 1 and 2 under an event id of ours), send_join (v2), and every
 //! event of the answer checked before anything is stored: format,
-//! signatures of every server that must have signed, content hash, the auth
-//! chain authorised in depth order against its own auth events, the state
+//! signatures of every server that must have signed, content hash, every
+//! event one of the room being joined (else the whole answer is refused:
+//! `version::belongs_to`), the auth chain authorised in depth order against its own auth events, the state
 //! likewise, the join against that state. Then the room is stored with the answer's events as outliers
 //! and the join as the first position on our line, carrying the whole state
 //! (`room::remote::store_joined_room`).
@@ -186,6 +187,12 @@ async fn check_answer(
     let mut candidates: HashMap<OwnedEventId, Pdu> = HashMap::new();
     for raw in answer.auth_chain.iter().chain(&answer.state) {
         match super::incoming::check_pdu(state, &rules, raw).await {
+            Ok(pdu) if !version::belongs_to(&rules, &pdu, room_id) => {
+                return Err(Error::RemoteUnavailable(format!(
+                    "{via} answered the join with an event of another room ({}); nothing was stored",
+                    pdu.event_id
+                )));
+            }
             Ok(pdu) => {
                 candidates.insert(pdu.event_id.clone(), pdu);
             }
@@ -206,16 +213,7 @@ async fn check_answer(
     let create = room_state
         .get(&(StateEventType::RoomCreate.to_string(), String::new()))
         .ok_or_else(|| Error::RemoteUnavailable("The room's state has no valid create event".into()))?;
-    let create_names_room = if rules.authorization.room_create_event_id_as_room_id {
-        create
-            .event_id
-            .as_str()
-            .strip_prefix('$')
-            .is_some_and(|hash| room_id.as_str().strip_prefix('!') == Some(hash))
-    } else {
-        create.room_id.as_deref() == Some(room_id)
-    };
-    if !create_names_room {
+    if !version::belongs_to(&rules, create, room_id) {
         return Err(Error::RemoteUnavailable("The room's create event is another room's".into()));
     }
     crate::room::timeline::authorize(

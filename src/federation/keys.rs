@@ -2,7 +2,11 @@
 //! ([`own_key_object`]). Other servers' keys are fetched from their
 //! `/_matrix/key/v2/server` on a miss, accepted only when the object is for
 //! that server and carries its own valid signature, and cached in
-//! `server_keys` until their `valid_until_ts` ([`public_keys`]). The notary
+//! `server_keys`, old ones kept. A request is verified with the keys valid
+//! now ([`public_keys`]); an event of room version 5 or later with those
+//! valid at its `origin_server_ts` ([`keys_at`]): a current key until its
+//! `valid_until_ts` (asked for again with `minimum_valid_until_ts` when the
+//! one we hold ran out before the event), an old key until its `expired_ts`. The notary
 //! ([`notary_query`]) answers from that cache (or our own key), adding our
 //! signature.
 
@@ -11,7 +15,9 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use ruma::api::federation::discovery::get_remote_server_keys_batch::v2::QueryCriteria;
-use ruma::api::federation::discovery::{ServerSigningKeys, VerifyKey, get_server_keys};
+use ruma::api::federation::discovery::{
+    ServerSigningKeys, VerifyKey, get_remote_server_keys, get_server_keys,
+};
 use ruma::serde::{Base64, Raw};
 use ruma::signatures::PublicKeySet;
 use ruma::{
@@ -200,15 +206,39 @@ pub fn check_key_object(server: &ServerName, object: &CanonicalJsonObject) -> Re
     Ok(CheckedKeys { verify_keys, old_verify_keys, valid_until_ts })
 }
 
+/// Whether a stored key was valid at `ts`: a current key until the
+/// `valid_until_ts` of the object it came in, an old key until its
+/// `expired_ts` (an event signed while it was in use stays verifiable).
+fn valid_at(key: &server_keys::StoredKey, ts: i64) -> bool {
+    match key.expired_ts {
+        Some(expired) => ts < expired,
+        None => key.valid_until_ts >= ts,
+    }
+}
+
 /// The keys of `server` usable to verify a request made now, among them
-/// `wanted` if the server has it: ours directly; another server's from the
-/// cache while valid, else fetched from it. A key id the cache does not know
-/// (the server may have a new key) makes a fetch too, at most one a minute
-/// per server.
+/// `wanted` if the server has it (see [`keys_at`]).
 pub async fn public_keys(
     state: &AppState,
     server: &ServerName,
     wanted: &str,
+) -> Result<PublicKeySet, KeyError> {
+    keys_at(state, server, wanted, Some(storage::now_ms())).await
+}
+
+/// The keys of `server` that were valid at `at` (an event's
+/// `origin_server_ts` in room versions 5 and later, now for a request;
+/// `None`: any key we know of, the rule of versions 1 to 4), among them
+/// `wanted` if the server has it. Ours directly; another server's from the
+/// cache, else fetched from it: freely while the cache holds no key valid
+/// now, else at most once a minute per server (a key id the cache does not
+/// know: the server may have a new key; a key that expired before `at`:
+/// asked for with `minimum_valid_until_ts` = `at`).
+pub async fn keys_at(
+    state: &AppState,
+    server: &ServerName,
+    wanted: &str,
+    at: Option<i64>,
 ) -> Result<PublicKeySet, KeyError> {
     if server == state.settings.server_name {
         return Ok(BTreeMap::from([(
@@ -217,15 +247,22 @@ pub async fn public_keys(
         )]));
     }
     let now = storage::now_ms();
-    let usable = |k: &server_keys::StoredKey| k.expired_ts.is_none() && k.valid_until_ts >= now;
+    let usable = |k: &server_keys::StoredKey| at.is_none_or(|ts| valid_at(k, ts));
     let mut stored = server_keys::get(&state.db, server.as_str()).await?;
-    let valid = stored.iter().any(usable);
+    let valid_now = stored.iter().any(|k| valid_at(k, now));
     let known = stored.iter().any(|k| usable(k) && k.key_id == wanted);
-    if !valid || (!known && state.key_fetch_backoff.may_refetch(server, now)) {
-        match fetch(state, server).await {
+    if !known && (!valid_now || state.key_fetch_backoff.may_refetch(server, now)) {
+        // The key we hold ran out before `at`: ask for one valid until then.
+        let expired_before =
+            at.filter(|_| stored.iter().any(|k| k.key_id == wanted && k.expired_ts.is_none()));
+        let fetched = match expired_before {
+            Some(ts) => fetch_valid_until(state, server, ts).await,
+            None => fetch(state, server).await,
+        };
+        match fetched {
             Ok(()) => stored = server_keys::get(&state.db, server.as_str()).await?,
             // Keep using the cached keys that are still valid.
-            Err(KeyError::Fetch(..) | KeyError::Invalid(..) | KeyError::BackingOff(..)) if valid => {}
+            Err(KeyError::Fetch(..) | KeyError::Invalid(..) | KeyError::BackingOff(..)) if valid_now => {}
             Err(e) => return Err(e),
         }
     }
@@ -237,6 +274,39 @@ pub async fn public_keys(
             Some((k.key_id, Base64::new(bytes)))
         })
         .collect())
+}
+
+/// Asks `server` for its keys valid until at least `minimum`
+/// (`/_matrix/key/v2/query/{server}?minimum_valid_until_ts=`), keeping each
+/// object it signed itself; a server that does not answer that is asked
+/// `/_matrix/key/v2/server` instead.
+async fn fetch_valid_until(state: &AppState, server: &ServerName, minimum: i64) -> Result<(), KeyError> {
+    let now = storage::now_ms();
+    if state.key_fetch_backoff.blocked(server, now) {
+        return Err(KeyError::BackingOff(server.to_owned()));
+    }
+    let request = get_remote_server_keys::v2::Request::new(server.to_owned(), millis(minimum));
+    let objects = match super::send(state, server, request).await {
+        Ok(response) => response.server_keys,
+        Err(e) => {
+            tracing::info!(%server, "key query with minimum_valid_until_ts: {e}; asking /key/v2/server");
+            return fetch(state, server).await;
+        }
+    };
+    let mut kept = 0;
+    for raw in &objects {
+        let Ok(object) = serde_json::from_str::<CanonicalJsonObject>(raw.json().get()) else { continue };
+        match store(state, server, &object).await {
+            Ok(()) => kept += 1,
+            Err(KeyError::Invalid(_, e)) => tracing::info!(%server, "key query: an object refused: {e}"),
+            Err(e) => return Err(e),
+        }
+    }
+    if kept == 0 {
+        return fetch(state, server).await;
+    }
+    state.key_fetch_backoff.succeeded(server);
+    Ok(())
 }
 
 /// Fetches `server`'s keys from it directly, checks and caches them; a
@@ -261,10 +331,16 @@ async fn fetch_now(state: &AppState, server: &ServerName) -> Result<(), KeyError
         .map_err(|e| KeyError::Fetch(server.to_owned(), e))?;
     let object: CanonicalJsonObject = serde_json::from_str(response.server_key.json().get())
         .map_err(|e| KeyError::Invalid(server.to_owned(), e.to_string()))?;
-    let checked = check_key_object(server, &object).map_err(|e| KeyError::Invalid(server.to_owned(), e))?;
+    store(state, server, &object).await
+}
+
+/// Checks that `object` is `server`'s own key object and caches its keys
+/// (validity capped at [`MAX_REMOTE_VALIDITY_MS`] from now).
+async fn store(state: &AppState, server: &ServerName, object: &CanonicalJsonObject) -> Result<(), KeyError> {
+    let checked = check_key_object(server, object).map_err(|e| KeyError::Invalid(server.to_owned(), e))?;
     let now = storage::now_ms();
     let valid_until = checked.valid_until_ts.min(now + MAX_REMOTE_VALIDITY_MS);
-    let json = serde_json::to_string(&object).map_err(|e| Error::Internal(e.to_string()))?;
+    let json = serde_json::to_string(object).map_err(|e| Error::Internal(e.to_string()))?;
     let mut keys: Vec<server_keys::NewKey<'_>> =
         checked.verify_keys.iter().map(|(id, key)| (id.as_str(), key.as_str(), None)).collect();
     keys.extend(
@@ -388,6 +464,21 @@ mod tests {
 
     fn key(seed: u8) -> signing_key::ServerKey {
         signing_key::parse(&format!("ed25519 a_{seed} {}", STANDARD_NO_PAD.encode([seed; 32]))).unwrap()
+    }
+
+    #[test]
+    fn a_key_is_judged_at_a_time() {
+        let stored = |valid_until_ts, expired_ts| server_keys::StoredKey {
+            key_id: "ed25519:k".into(),
+            public_key: String::new(),
+            valid_until_ts,
+            expired_ts,
+            json: String::new(),
+        };
+        // A current key: until its object's validity, inclusive.
+        assert!(valid_at(&stored(100, None), 100) && !valid_at(&stored(100, None), 101));
+        // An old key: before it was retired, whatever its object's validity.
+        assert!(valid_at(&stored(10, Some(50)), 49) && !valid_at(&stored(1_000, Some(50)), 50));
     }
 
     #[test]

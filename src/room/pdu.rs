@@ -237,19 +237,6 @@ impl Pdu {
         self.text.to_string()
     }
 
-    /// Whether the event belongs to `room_id`: it names the room, or it is
-    /// a room version 12 create event (which names none) whose id the room
-    /// id is made from (`!` + the event id without its `$`).
-    pub fn belongs_to(&self, room_id: &RoomId) -> bool {
-        match self.room_id.as_deref() {
-            Some(named) => named == room_id,
-            None => {
-                self.kind == TimelineEventType::RoomCreate
-                    && room_id.as_str().strip_prefix('!') == self.event_id.as_str().strip_prefix('$')
-            }
-        }
-    }
-
     /// The reference hash of the event (what versions 1 and 2 list beside
     /// its id where other events point at it).
     pub fn reference_hash(&self, rules: &RoomVersionRules) -> Result<String> {
@@ -436,28 +423,6 @@ mod tests {
     use super::*;
     use ruma::signatures::{PublicKeyMap, PublicKeySet};
     use serde_json::json;
-
-    #[test]
-    fn an_event_belongs_to_the_room_it_names_or_a_v12_create_to_the_room_made_from_it() {
-        let pdu = |room: Option<&str>, kind: &str, id: &str| {
-            let mut event = json!({
-                "type": kind, "sender": "@a:x", "content": {}, "state_key": "",
-                "prev_events": [], "auth_events": [], "depth": 1, "origin_server_ts": 1,
-                "hashes": { "sha256": "x" }, "signatures": {},
-            });
-            if let Some(room) = room {
-                event["room_id"] = json!(room);
-            }
-            Pdu::from_checked(OwnedEventId::try_from(id).unwrap(), &serde_json::from_value(event).unwrap())
-                .unwrap()
-        };
-        let room = ruma::RoomId::parse("!abc").unwrap();
-        assert!(pdu(Some("!abc"), "m.room.topic", "$t").belongs_to(&room));
-        assert!(!pdu(Some("!other"), "m.room.topic", "$t").belongs_to(&room));
-        assert!(pdu(None, "m.room.create", "$abc").belongs_to(&room));
-        assert!(!pdu(None, "m.room.create", "$other").belongs_to(&room), "another room's create");
-        assert!(!pdu(None, "m.room.topic", "$abc").belongs_to(&room), "only a create names no room");
-    }
 
     #[test]
     fn depth_is_capped_whatever_a_sender_claimed() {

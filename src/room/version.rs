@@ -8,15 +8,20 @@
 //!   standard base64, version 4 on in URL-safe base64;
 //! - `prev_events` and `auth_events`: versions 1 and 2 list
 //!   `[event_id, {"sha256": reference hash}]` pairs, version 3 on plain ids;
+//! - which room an event belongs to: the one its `room_id` names, but in
+//!   version 12 on the create event names none and belongs to the room
+//!   whose id is its event id with the `!` sigil (`belongs_to`);
 //! - which versions this server creates rooms in (1 to 12) and which it
 //!   takes part in over federation (2 to 12: version 1 needs state
 //!   resolution v1, which ruma does not have).
 
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
+use ruma::events::TimelineEventType;
 use ruma::room_version_rules::{EventIdFormatVersion, EventsReferenceFormatVersion, RoomVersionRules};
-use ruma::{EventId, OwnedEventId, RoomVersionId, ServerName};
+use ruma::{EventId, OwnedEventId, RoomId, RoomVersionId, ServerName};
 
 use crate::error::{Error, Result};
+use crate::room::pdu::Pdu;
 
 /// Room versions this server creates rooms in.
 pub const CREATABLE: [RoomVersionId; 12] = [
@@ -66,6 +71,20 @@ pub fn federated_rules(version: Option<&RoomVersionId>) -> Result<(RoomVersionId
         Error::UnsupportedRoomVersion(format!("Room version {version} is not supported here"))
     })?;
     Ok((version, rules))
+}
+
+/// Whether `pdu` is an event of `room_id`. An event names its room in
+/// `room_id`, except in versions whose room id is the create event's (12
+/// on): there the create event names none and belongs to the room whose id
+/// is `!` + its event id without the `$`. Another server's answer holding
+/// an event of another room is refused whole (a local user's real join of
+/// another room must not make them a member of this one).
+pub fn belongs_to(rules: &RoomVersionRules, pdu: &Pdu, room_id: &RoomId) -> bool {
+    if rules.authorization.room_create_event_id_as_room_id && pdu.kind == TimelineEventType::RoomCreate {
+        let hash = pdu.event_id.as_str().strip_prefix('$');
+        return pdu.room_id.is_none() && hash.is_some_and(|h| room_id.as_str().strip_prefix('!') == Some(h));
+    }
+    pdu.room_id.as_deref() == Some(room_id)
 }
 
 /// Whether the version's event ids are carried in the PDU (versions 1, 2).
@@ -204,6 +223,36 @@ mod tests {
 
     fn object(value: serde_json::Value) -> CanonicalJsonObject {
         serde_json::from_value(value).unwrap()
+    }
+
+    fn pdu(id: &str, kind: &str, room_id: Option<&str>) -> Pdu {
+        let mut json = json!({
+            "sender": "@a:x", "type": kind, "state_key": "", "content": {}, "origin_server_ts": 1,
+            "depth": 1, "prev_events": [], "auth_events": [], "hashes": {"sha256": "x"}, "signatures": {},
+        });
+        if let Some(room_id) = room_id {
+            json["room_id"] = json!(room_id);
+        }
+        Pdu::from_stored(id, &json.to_string()).unwrap()
+    }
+
+    #[test]
+    fn an_event_belongs_to_the_room_it_names_and_a_v12_create_to_its_own_id() {
+        let v11 = RoomVersionId::V11.rules().unwrap();
+        let v12 = RoomVersionId::V12.rules().unwrap();
+        let room: &RoomId = "!abc".try_into().unwrap();
+        let other: &RoomId = "!other".try_into().unwrap();
+        let join = pdu("$j", "m.room.member", Some("!abc"));
+        assert!(belongs_to(&v12, &join, room) && !belongs_to(&v12, &join, other));
+        assert!(belongs_to(&v11, &join, room) && !belongs_to(&v11, &join, other));
+        // v12: the create event names no room; its id is the room's.
+        assert!(belongs_to(&v12, &pdu("$abc", "m.room.create", None), room));
+        assert!(!belongs_to(&v12, &pdu("$abc", "m.room.create", None), other));
+        assert!(!belongs_to(&v12, &pdu("$xyz", "m.room.create", None), room));
+        assert!(!belongs_to(&v12, &pdu("$abc", "m.room.create", Some("!abc")), room));
+        // Before v12 it names its room like any event.
+        assert!(belongs_to(&v11, &pdu("$c", "m.room.create", Some("!abc")), room));
+        assert!(!belongs_to(&v11, &pdu("$abc", "m.room.create", None), room));
     }
 
     #[test]

@@ -22,7 +22,9 @@ pub struct StoredKey {
 pub type NewKey<'a> = (&'a str, &'a str, Option<i64>);
 
 /// Stores the keys of one fetched key object (replacing earlier rows of the
-/// same key ids), in one transaction.
+/// same key ids, but a key's validity never shrinks: what it signed while
+/// an earlier object said it was valid stays verifiable), in one
+/// transaction. Rows of keys the object no longer lists are kept.
 pub async fn put(
     db: &Db,
     server: &str,
@@ -36,7 +38,10 @@ pub async fn put(
         sqlx::query(
             "INSERT INTO server_keys (server_name, key_id, public_key, valid_until_ts, expired_ts, fetched_ts, json) \
              VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (server_name, key_id) DO UPDATE SET \
-             public_key = excluded.public_key, valid_until_ts = excluded.valid_until_ts, \
+             valid_until_ts = CASE WHEN server_keys.public_key = excluded.public_key \
+               AND server_keys.valid_until_ts > excluded.valid_until_ts \
+               THEN server_keys.valid_until_ts ELSE excluded.valid_until_ts END, \
+             public_key = excluded.public_key, \
              expired_ts = excluded.expired_ts, fetched_ts = excluded.fetched_ts, json = excluded.json",
         )
         .bind(server)
