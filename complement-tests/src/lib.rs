@@ -1,6 +1,7 @@
 //! Black-box test support: the server harness, request helpers, federation
 //! helpers and a real Synapse as a federation peer.
 
+pub mod acting;
 pub mod api;
 pub mod e2ee;
 pub mod federation;

@@ -353,7 +353,8 @@ impl RoomWriter {
     /// Appends a PDU another server sent (checked already for format,
     /// signatures and hash: `federation::incoming`) at the head of the line,
     /// after the same authorisation as a local event: against its own auth
-    /// events, then against the room's current state. Its prev events must all
+    /// events, then against the room's current state (and a join one of our
+    /// users authorises, against the restricted rule: `joins::check_remote`). Its prev events must all
     /// be on the line. An event already stored appends nothing. With
     /// `forward`, the event is queued for the other servers in the room (an
     /// event that reached us alone: a join or leave through us).
@@ -401,6 +402,7 @@ impl RoomWriter {
         self.state_event(StateEventType::RoomCreate.to_string().as_str(), "").await?;
         let redacts = super::redaction::target(&self.rules, &pdu)?;
         self.check(&pdu, &draft, redacts.as_ref(), true).await??;
+        super::joins::check_remote(self, state, &pdu).await?;
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await
     }
