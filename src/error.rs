@@ -122,6 +122,16 @@ pub enum Error {
         /// The room's version.
         room_version: String,
     },
+    /// A restricted join this server cannot judge: it knows none of the
+    /// rooms the join rule allows (make_join, send_join): 400
+    /// M_UNABLE_TO_AUTHORISE_JOIN, as the spec says.
+    #[error("{0}")]
+    UnableToAuthoriseJoin(String),
+    /// A restricted join the joiner may make, but no user of this server may
+    /// authorise (none in the room with the power to invite): 400
+    /// M_UNABLE_TO_GRANT_JOIN, so the joining server tries another.
+    #[error("{0}")]
+    UnableToGrantJoin(String),
     /// Another server's event points at events this server does not have:
     /// 400 M_BAD_JSON (said per event in a /send answer).
     #[error("{0}")]

@@ -2,6 +2,7 @@
 //! helpers, a scriptable fake federation server and a real Synapse as a
 //! federation peer.
 
+pub mod acting;
 pub mod api;
 pub mod e2ee;
 pub mod fake;

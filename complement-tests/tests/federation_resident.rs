@@ -7,12 +7,13 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
+use complement_tests::acting::Acting;
 use complement_tests::api::{
     V3, assert_error, create_room, deactivate, enc, event_id_of, eventually, join as join_locally,
     message_bodies, room_path, text,
 };
 use complement_tests::backend_tests;
-use complement_tests::federation::{FedServer, now_ms, x_matrix};
+use complement_tests::federation::{FedServer, now_ms};
 use complement_tests::harness::{Backend, User};
 use complement_tests::pdu;
 use complement_tests::synapse::{Synapse, SynapseOptions};
@@ -180,50 +181,6 @@ async fn joins_talks_and_leaves(backend: Backend, version: &str) {
         seq.server.get(&room_path(&room, "/messages?dir=b&limit=50"), Some(&alice.token)).await;
     assert_eq!(status, 200);
     assert_eq!(message_bodies(&page).last().map(String::as_str), Some("after bob"));
-}
-
-/// Another seqline server's identity, for tests that act as that server:
-/// requests to `resident` signed with its key, PDUs signed with it.
-struct Acting<'a> {
-    resident: &'a FedServer,
-    remote: &'a FedServer,
-    key: (String, ed25519_dalek::SigningKey),
-}
-
-impl<'a> Acting<'a> {
-    fn new(resident: &'a FedServer, remote: &'a FedServer) -> Self {
-        Self { resident, remote, key: remote.signing_key() }
-    }
-
-    async fn call(&self, method: &str, uri: &str, body: Option<&Value>) -> (u16, Value) {
-        let auth = x_matrix(&self.remote.name, &self.resident.name, &self.key, method, uri, body);
-        self.resident.send(method, uri, Some(auth), body).await
-    }
-
-    /// Signs `pdu` as the remote server; answers its event id.
-    fn sign(&self, pdu: &mut Value) -> String {
-        pdu::sign(pdu, &self.remote.name, &self.key.0, &self.key.1)
-    }
-
-    /// A transaction of `pdus`; answers the per-PDU results.
-    async fn send_txn(&self, txn: &str, pdus: &[&Value]) -> (u16, Value) {
-        let body = json!({ "origin": self.remote.name, "origin_server_ts": now_ms(), "pdus": pdus });
-        self.call("PUT", &format!("/_matrix/federation/v1/send/{txn}"), Some(&body)).await
-    }
-
-    /// `user` of the remote server joins `room` (v11 template) by make_join
-    /// and send_join; answers the join's event id, the join and the send_join answer.
-    async fn join(&self, room: &str, user: &str) -> (String, Value, Value) {
-        let make_join = format!("/_matrix/federation/v1/make_join/{}/{}?ver=11", enc(room), enc(user));
-        let (status, template) = self.call("GET", &make_join, None).await;
-        assert_eq!(status, 200, "{template}");
-        let mut join = template["event"].clone();
-        let join_id = self.sign(&mut join);
-        let send_join = format!("/_matrix/federation/v2/send_join/{}/{}", enc(room), enc(&join_id));
-        let (status, answer) = self.call("PUT", &send_join, Some(&join)).await;
-        assert_eq!(status, 200, "{answer}");
-        (join_id, join, answer)
-    }
 }
 
 /// The event id of the state event of `kind` in a send_join answer's state.
@@ -1052,7 +1009,14 @@ async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
 /// The depth of event `id` on `server` as `asking` reads it over federation.
 async fn depth_of(server: &FedServer, asking: &FedServer, id: &str) -> i64 {
     let uri = format!("/_matrix/federation/v1/event/{}", enc(id));
-    let auth = x_matrix(&asking.name, &server.name, &asking.signing_key(), "GET", &uri, None);
+    let auth = complement_tests::federation::x_matrix(
+        &asking.name,
+        &server.name,
+        &asking.signing_key(),
+        "GET",
+        &uri,
+        None,
+    );
     let (status, body) = server.send("GET", &uri, Some(auth), None).await;
     assert_eq!(status, 200, "{body}");
     body["pdus"][0]["depth"].as_i64().unwrap()

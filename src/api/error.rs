@@ -42,6 +42,8 @@ impl Error {
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "M_UNAUTHORIZED"),
             Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "M_INVALID_SIGNATURE"),
             Self::IncompatibleRoomVersion { .. } => (StatusCode::BAD_REQUEST, "M_INCOMPATIBLE_ROOM_VERSION"),
+            Self::UnableToAuthoriseJoin(_) => (StatusCode::BAD_REQUEST, "M_UNABLE_TO_AUTHORISE_JOIN"),
+            Self::UnableToGrantJoin(_) => (StatusCode::BAD_REQUEST, "M_UNABLE_TO_GRANT_JOIN"),
             Self::MissingPrevEvents(_) => (StatusCode::BAD_REQUEST, "M_BAD_JSON"),
             Self::ServerControlled(_) => (StatusCode::METHOD_NOT_ALLOWED, "M_BAD_JSON"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),

@@ -32,12 +32,26 @@ pub const MAX_EDUS: usize = 100;
 /// Answers the PDU as it will be stored (without `unsigned`; redacted when
 /// its content does not match its hash).
 pub async fn check_pdu(state: &AppState, rules: &RoomVersionRules, raw: &RawJsonValue) -> Result<Pdu> {
+    check_object(state, rules, parse_pdu(raw)?).await
+}
+
+/// A received PDU as an object, without `unsigned`, if it is not too large.
+fn parse_pdu(raw: &RawJsonValue) -> Result<CanonicalJsonObject> {
     if raw.get().len() > MAX_PDU_BYTES {
         return Err(Error::TooLarge(format!("The event is larger than {MAX_PDU_BYTES} bytes")));
     }
     let mut object: CanonicalJsonObject = serde_json::from_str(raw.get())
         .map_err(|e| Error::BadJson(format!("The event is not canonical JSON: {e}")))?;
     object.remove("unsigned");
+    Ok(object)
+}
+
+/// [`check_pdu`] of a parsed PDU.
+async fn check_object(
+    state: &AppState,
+    rules: &RoomVersionRules,
+    object: CanonicalJsonObject,
+) -> Result<Pdu> {
     ruma::state_res::check_pdu_format(&object, &rules.event_format)
         .map_err(|e| Error::BadJson(format!("The event is not a valid PDU: {e}")))?;
     version::check_references(&object, rules)?;
@@ -53,13 +67,39 @@ pub async fn check_pdu(state: &AppState, rules: &RoomVersionRules, raw: &RawJson
     Pdu::from_checked(event_id, &object)
 }
 
-/// Adds our signature to another server's event (a restricted join we
-/// authorise, an invite of one of our users). The event id does not change: signatures are not hashed.
+/// Checks, like [`check_pdu`], an event another server sent for one of our
+/// users to authorise (a restricted join through send_join): our signature,
+/// which the rules require of it, is added first. The signed copy goes no
+/// further than the caller, which places it only through the write path's
+/// checks (`joins::check_remote`: the joiner meets the room's restricted rule).
+pub async fn check_pdu_to_countersign(
+    state: &AppState,
+    rules: &RoomVersionRules,
+    raw: &RawJsonValue,
+) -> Result<Pdu> {
+    let mut object = parse_pdu(raw)?;
+    add_our_signature(state, rules, &mut object)?;
+    check_object(state, rules, object).await
+}
+
+/// Adds our signature to another server's event (an invite of one of our
+/// users). The event id does not change: signatures are not hashed.
 pub fn countersign(state: &AppState, rules: &RoomVersionRules, pdu: Pdu) -> Result<Pdu> {
     let mut object = pdu.canonical()?;
+    add_our_signature(state, rules, &mut object)?;
+    Pdu::from_checked(pdu.event_id.clone(), &object)
+}
+
+/// Signs `object` as this server (over its redacted form), next to the
+/// signatures it carries.
+fn add_our_signature(
+    state: &AppState,
+    rules: &RoomVersionRules,
+    object: &mut CanonicalJsonObject,
+) -> Result<()> {
     let signature = {
         let mut redacted = ruma::canonical_json::redact(object.clone(), &rules.redaction, None)
-            .map_err(|e| Error::Internal(format!("redact: {e}")))?;
+            .map_err(|e| Error::BadJson(format!("The event cannot be redacted: {e}")))?;
         redacted.remove("signatures");
         redacted.remove("unsigned");
         ruma::signatures::sign_json(
@@ -83,7 +123,7 @@ pub fn countersign(state: &AppState, rules: &RoomVersionRules, pdu: Pdu) -> Resu
         _ => return Err(Error::BadJson("signatures is not an object".into())),
     };
     signatures.insert(state.settings.server_name.to_string(), signature);
-    Pdu::from_checked(pdu.event_id.clone(), &object)
+    Ok(())
 }
 
 /// The keys of every server whose signature the event needs: in room

@@ -88,6 +88,21 @@ pub async fn make_membership(
     Ok((version, raw))
 }
 
+/// The user a member event names in `join_authorised_via_users_server`, if
+/// any (the event is checked after).
+fn authoriser_of(raw: &RawJsonValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Content {
+        #[serde(rename = "join_authorised_via_users_server")]
+        authoriser: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Event {
+        content: Content,
+    }
+    serde_json::from_str::<Event>(raw.get()).ok()?.content.authoriser
+}
+
 /// What send_join answers.
 pub struct Joined {
     /// The room's state before the join.
@@ -106,7 +121,9 @@ pub struct Joined {
 /// checked like every remote PDU, it must be `user`'s own `membership`
 /// event for this room under the id the path names, sent by `origin`.
 /// A join that names one of our users as its authoriser (restricted rooms)
-/// is signed by us too. Appended, then forwarded to the room's other servers.
+/// is signed by us too, and placed only if the joiner meets the room's
+/// restricted rule (the write path checks it); one naming another server's
+/// user is refused. Appended, then forwarded to the room's other servers.
 pub async fn send_membership(
     state: &AppState,
     origin: &ServerName,
@@ -118,7 +135,20 @@ pub async fn send_membership(
     let view = open_room(state, room_id).await?;
     super::acl::check(state, room_id.as_str(), origin).await?;
     version::check_federates(&crate::room::rules_for(&view.room.room_version)?.0)?;
-    let pdu = super::incoming::check_pdu(state, &view.rules, raw).await?;
+    let pdu = match authoriser_of(raw).filter(|_| membership == "join") {
+        Some(authoriser) => {
+            // send_join is for the joins we authorise: ours to countersign.
+            let authoriser = UserId::parse(&authoriser)
+                .map_err(|e| Error::BadJson(format!("Invalid authorising user: {e}")))?;
+            if authoriser.server_name() != state.settings.server_name {
+                return Err(Error::Forbidden(format!(
+                    "{authoriser} is not a user of this server: this server authorises only its own users' joins"
+                )));
+            }
+            super::incoming::check_pdu_to_countersign(state, &view.rules, raw).await?
+        }
+        None => super::incoming::check_pdu(state, &view.rules, raw).await?,
+    };
     if pdu.event_id != event_id {
         return Err(Error::BadJson(format!("The event's id is {}, not {event_id}", pdu.event_id)));
     }
@@ -135,17 +165,6 @@ pub async fn send_membership(
     if pdu.sender.server_name() != origin {
         return Err(Error::Forbidden(format!("{origin} cannot act for {}", pdu.sender)));
     }
-    let pdu = match content[crate::room::joins::AUTHORISER_FIELD].as_str() {
-        Some(authoriser) if membership == "join" => {
-            let authoriser = UserId::parse(authoriser)
-                .map_err(|e| Error::BadJson(format!("Invalid authorising user: {e}")))?;
-            if authoriser.server_name() != state.settings.server_name {
-                return Err(Error::BadJson(format!("{authoriser} is not a user of this server")));
-            }
-            super::incoming::countersign(state, &view.rules, pdu)?
-        }
-        _ => pdu,
-    };
     let appended = timeline::append_remote(state, room_id, pdu, true).await?;
     Ok((view, appended.pdu, appended.seq))
 }

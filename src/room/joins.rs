@@ -4,16 +4,22 @@
 //! `join_authorised_via_users_server`, a member of this server who may invite.
 //! That member is chosen here, by the server, in the write path every local
 //! join passes; a client that supplies the field itself is refused, so nobody
-//! can name an authoriser of their own choosing.
+//! can name an authoriser of their own choosing. Another server's user gets
+//! the same choice in make_join's template; their signed join (send_join)
+//! is checked again against the `allow` list in the write path
+//! ([`check_remote`]) before we countersign it into the room.
 
+use ruma::UserId;
 use ruma::canonical_json::CanonicalJsonValue;
+use ruma::events::TimelineEventType;
 use serde_json::Value;
 
-use super::pdu::Draft;
+use super::pdu::{Draft, Pdu};
 use super::timeline::{RoomWriter, member_value};
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events;
+use crate::storage::federation as store;
 
 /// The most entries of a join rule's `allow` list looked at.
 const MAX_ALLOWED_ROOMS: usize = 50;
@@ -40,13 +46,10 @@ pub(super) async fn prepare(
     }
     let own_join = member_value(&draft.kind, &draft.content) == Some("join")
         && draft.state_key.as_deref() == Some(sender);
-    let current = match &draft.state_key {
-        Some(target) => {
-            writer.state_event("m.room.member", target).await?.and_then(|p| p.content_as::<Value>())
-        }
+    let was = match &draft.state_key {
+        Some(target) => membership(writer, target).await?,
         None => None,
     };
-    let was = current.as_ref().and_then(|c| c["membership"].as_str().map(str::to_owned));
     if draft.content.contains_key(AUTHORISER_FIELD) {
         if own_join && was.as_deref() == Some("join") {
             // A member changing their member event (a display name, say)
@@ -64,13 +67,86 @@ pub(super) async fn prepare(
         // Members and invitees join whatever the rule says.
         return Ok(None);
     }
+    if !check_allow_rules(writer, state, &draft.sender).await? {
+        return Ok(None);
+    }
+    // The most powerful member who may invite authorises (ties: the first
+    // user id).
+    let power = writer.power_levels().await?;
+    let room_id = writer.room_id.to_string();
+    let authoriser = events::joined_members_tx(writer.conn(), &room_id)
+        .await?
+        .into_iter()
+        .filter_map(|u| ruma::OwnedUserId::try_from(u).ok())
+        .filter(|u| u.server_name() == state.settings.server_name && power.user_can_invite(u))
+        .max_by(|a, b| power.for_user(a).cmp(&power.for_user(b)).then_with(|| b.cmp(a)));
+    let Some(authoriser) = authoriser else {
+        let why = "No member of this room on this server may authorise your join".to_owned();
+        // Another server's user may try another server in the room.
+        return Err(if is_local(state, &draft.sender) {
+            Error::Forbidden(why)
+        } else {
+            Error::UnableToGrantJoin(why)
+        });
+    };
+    let mut draft = draft.clone();
+    draft.content.insert(AUTHORISER_FIELD.into(), CanonicalJsonValue::String(authoriser.to_string()));
+    Ok(Some(draft))
+}
+
+fn is_local(state: &AppState, user: &UserId) -> bool {
+    user.server_name() == state.settings.server_name
+}
+
+/// The write path's check of another server's join that one of our users
+/// authorises (send_join; we countersign it): the joiner must meet the
+/// room's restricted rule here, as a local joiner must. The auth rules
+/// check the authoriser (joined, with the power to invite); a join that
+/// another server's user authorises is that server's to judge.
+pub(super) async fn check_remote(writer: &mut RoomWriter, state: &AppState, pdu: &Pdu) -> Result<()> {
+    if pdu.kind != TimelineEventType::RoomMember || pdu.state_key.as_deref() != Some(pdu.sender.as_str()) {
+        return Ok(());
+    }
+    let content: Value = pdu.content_as().unwrap_or_default();
+    if content["membership"] != "join" {
+        return Ok(());
+    }
+    let ours = content[AUTHORISER_FIELD]
+        .as_str()
+        .and_then(|a| UserId::parse(a).ok())
+        .is_some_and(|a| is_local(state, &a));
+    if !ours {
+        return Ok(());
+    }
+    let was = membership(writer, pdu.sender.as_str()).await?;
+    if matches!(was.as_deref(), Some("join" | "invite")) {
+        return Ok(());
+    }
+    check_allow_rules(writer, state, &pdu.sender).await.map(|_| ())
+}
+
+/// The membership `user` has in the writer's room now.
+async fn membership(writer: &mut RoomWriter, user: &str) -> Result<Option<String>> {
+    Ok(writer
+        .state_event("m.room.member", user)
+        .await?
+        .and_then(|p| p.content_as::<Value>())
+        .and_then(|c| c["membership"].as_str().map(str::to_owned)))
+}
+
+/// Whether `user`'s join must pass the room's restricted rule (`false`: the
+/// rule is another), refusing it when they meet none of its `allow`
+/// conditions: joined, as this server knows, to none of the rooms it names.
+/// For another server's user, when this server is in none of those rooms
+/// it cannot tell (M_UNABLE_TO_AUTHORISE_JOIN).
+async fn check_allow_rules(writer: &mut RoomWriter, state: &AppState, user: &UserId) -> Result<bool> {
     let rules: Value =
         writer.state_event("m.room.join_rules", "").await?.and_then(|p| p.content_as()).unwrap_or_default();
     let auth = &writer.rules.authorization;
     let (rule, supported) = match rules["join_rule"].as_str() {
         Some(rule @ "restricted") => (rule, auth.restricted_join_rule),
         Some(rule @ "knock_restricted") => (rule, auth.knock_restricted_join_rule),
-        _ => return Ok(None),
+        _ => return Ok(false),
     };
     if !supported {
         // A join rule the version does not know lets nobody in (the auth
@@ -82,37 +158,32 @@ pub(super) async fn prepare(
     }
     // Each allowed room costs a lookup inside the room's write lock: only
     // the first MAX_ALLOWED_ROOMS count.
-    let allowed_rooms =
-        rules["allow"].as_array().into_iter().flatten().take(MAX_ALLOWED_ROOMS).filter_map(|entry| {
+    let allowed_rooms: Vec<String> = rules["allow"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(MAX_ALLOWED_ROOMS)
+        .filter_map(|entry| {
             (entry["type"] == "m.room_membership").then(|| entry["room_id"].as_str()).flatten()
-        });
-    let mut in_allowed_room = false;
-    for room in allowed_rooms.collect::<Vec<_>>() {
-        if events::membership_tx(writer.conn(), room, sender).await?.as_deref() == Some("join") {
-            in_allowed_room = true;
-            break;
+        })
+        .map(str::to_owned)
+        .collect();
+    let our_name = state.settings.server_name.as_str();
+    let mut known = false;
+    for room in &allowed_rooms {
+        if events::membership_tx(writer.conn(), room, user.as_str()).await?.as_deref() == Some("join") {
+            return Ok(true);
         }
+        known = known || store::server_in_room_tx(writer.conn(), room, our_name).await?;
     }
-    if !in_allowed_room {
-        return Err(Error::Forbidden(
-            "This room can only be joined by members of the rooms its join rule names, and you are in none of them"
+    if !known && !is_local(state, user) {
+        return Err(Error::UnableToAuthoriseJoin(
+            "This server is in none of the rooms the join rule names: it cannot tell whether you may join"
                 .into(),
         ));
     }
-    // The most powerful member who may invite authorises (ties: the first
-    // user id).
-    let power = writer.power_levels().await?;
-    let room_id = writer.room_id.to_string();
-    let authoriser = events::joined_members_tx(writer.conn(), &room_id)
-        .await?
-        .into_iter()
-        .filter_map(|u| ruma::OwnedUserId::try_from(u).ok())
-        .filter(|u| u.server_name() == state.settings.server_name && power.user_can_invite(u))
-        .max_by(|a, b| power.for_user(a).cmp(&power.for_user(b)).then_with(|| b.cmp(a)))
-        .ok_or_else(|| {
-            Error::Forbidden("No member of this room on this server may authorise your join".into())
-        })?;
-    let mut draft = draft.clone();
-    draft.content.insert(AUTHORISER_FIELD.into(), CanonicalJsonValue::String(authoriser.to_string()));
-    Ok(Some(draft))
+    Err(Error::Forbidden(
+        "This room can only be joined by members of the rooms its join rule names, and you are in none of them"
+            .into(),
+    ))
 }

@@ -365,7 +365,8 @@ impl RoomWriter {
     /// Appends a PDU another server sent (checked already for format,
     /// signatures and hash: `federation::incoming`) at the head of the line,
     /// after the same authorisation as a local event: against its own auth
-    /// events, then against the room's current state. Its prev events must all
+    /// events, then against the room's current state (and a join one of our
+    /// users authorises, against the restricted rule: `joins::check_remote`). Its prev events must all
     /// be on the line. An event already stored appends nothing. With
     /// `forward`, the event is queued for the other servers in the room (an
     /// event that reached us alone: a join or leave through us).
@@ -492,6 +493,7 @@ impl RoomWriter {
             tracing::info!(room_id = %self.room_id, event_id = %pdu.event_id, "soft-failed: {refused}");
             return self.keep_off_line(pdu, fork, None).await;
         }
+        super::joins::check_remote(self, state, &pdu).await?;
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         let appended = self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await?;
         if !missing.is_empty() {

@@ -51,14 +51,22 @@ pub async fn servers_in_room(db: &Db, room_id: &str) -> Result<Vec<String>> {
 
 /// Whether `server_name` has a user joined to the room now.
 pub async fn server_in_room(db: &Db, room_id: &str, server_name: &str) -> Result<bool> {
-    let joined: Option<i64> =
-        sqlx::query_scalar("SELECT joined FROM room_servers WHERE room_id = $1 AND server_name = $2")
-            .bind(room_id)
-            .bind(server_name)
-            .fetch_optional(&mut db.reader())
-            .await?;
+    let joined: Option<i64> = sqlx::query_scalar(SERVER_IN_ROOM)
+        .bind(room_id)
+        .bind(server_name)
+        .fetch_optional(&mut db.reader())
+        .await?;
     Ok(joined.is_some_and(|n| n > 0))
 }
+
+/// [`server_in_room`] inside a write transaction.
+pub async fn server_in_room_tx(conn: &mut AnyConnection, room_id: &str, server_name: &str) -> Result<bool> {
+    let joined: Option<i64> =
+        sqlx::query_scalar(SERVER_IN_ROOM).bind(room_id).bind(server_name).fetch_optional(conn).await?;
+    Ok(joined.is_some_and(|n| n > 0))
+}
+
+const SERVER_IN_ROOM: &str = "SELECT joined FROM room_servers WHERE room_id = $1 AND server_name = $2";
 
 /// Queues `event_id` for each of `destinations`.
 pub async fn enqueue(
