@@ -35,8 +35,24 @@ impl Drop for TempDir {
 }
 
 /// A free port on loopback (bound and released: the server name must carry
-/// the federation port before the server starts).
+/// the federation port before the server starts). Taken below the kernel's
+/// ephemeral range (32768 up), where the outgoing connections of every
+/// process get their ports: a port handed out by binding port 0 could be
+/// taken by one of those before the server binds it ("Address already in
+/// use"). Each test process starts at its own offset and counts up.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(LOW + (start + n) % SPAN).unwrap_or(20_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
