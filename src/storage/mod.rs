@@ -177,6 +177,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (28, "url_previews", include_str!("../../migrations/sqlite/0028_url_previews.sql")),
     (29, "media_expiry", include_str!("../../migrations/sqlite/0029_media_expiry.sql")),
     (30, "unread_candidates", include_str!("../../migrations/sqlite/0030_unread_candidates.sql")),
+    (32, "remote_knocks", include_str!("../../migrations/sqlite/0032_remote_knocks.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -209,6 +210,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (28, "url_previews", include_str!("../../migrations/postgres/0028_url_previews.sql")),
     (29, "media_expiry", include_str!("../../migrations/postgres/0029_media_expiry.sql")),
     (30, "unread_candidates", include_str!("../../migrations/postgres/0030_unread_candidates.sql")),
+    (32, "remote_knocks", include_str!("../../migrations/postgres/0032_remote_knocks.sql")),
 ];
 
 impl Db {
