@@ -178,7 +178,8 @@ async fn receive_pdu(
     };
     let room = match rooms::get(&state.db, room_id.as_str()).await {
         Ok(Some(room)) => room,
-        Ok(None) => return (None, Err(Error::NotFound(format!("Room {room_id} is not known here")))),
+        // The host's answer to an invite or knock of one of our users, maybe.
+        Ok(None) => return super::invites::membership_outside(state, &room_id, raw).await,
         Err(e) => return (None, Err(e)),
     };
     let rules = match crate::room::rules_for(&room.room_version) {

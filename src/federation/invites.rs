@@ -15,7 +15,6 @@ use crate::room::pdu::{Draft, Pdu};
 use crate::room::timeline::{self, Appended, RoomWriter};
 use crate::room::version;
 use crate::state::AppState;
-use crate::storage::events;
 
 /// Invites `draft`'s target, a user of another server, into `room_id`.
 pub async fn invite_remote(state: &AppState, room_id: &RoomId, draft: &Draft) -> Result<Appended> {
@@ -35,17 +34,7 @@ pub async fn invite_remote(state: &AppState, room_id: &RoomId, draft: &Draft) ->
         let pdu = writer.template(state, draft).await?;
         (pdu, writer.version.clone(), writer.rules.clone())
     };
-    let mut stripped = Vec::new();
-    for kind in crate::room::STRIPPED_STATE_TYPES {
-        if let Some(stored) = events::state_event(&state.db, room_id.as_str(), kind, "").await? {
-            stripped.push(RawStrippedState::Pdu(raw(stored.json)?));
-        }
-    }
-    if let Some(stored) =
-        events::state_event(&state.db, room_id.as_str(), "m.room.member", draft.sender.as_str()).await?
-    {
-        stripped.push(RawStrippedState::Pdu(raw(stored.json)?));
-    }
+    let stripped = super::resident::stripped_state(state, room_id, Some(&draft.sender)).await?;
     let request = create_invite::v2::Request::new(
         room_id.to_owned(),
         pdu.event_id.clone(),
@@ -161,32 +150,124 @@ pub async fn receive_invite(
     if crate::storage::federation::server_in_room(&state.db, room_id.as_str(), ours).await? {
         return raw(json);
     }
-    let mut events: Vec<serde_json::Value> =
-        stripped.iter().take(MAX_STRIPPED).filter_map(stripped_event).collect();
-    events.push(serde_json::json!({
+    let member = serde_json::json!({
         "type": "m.room.member",
         "state_key": invitee,
         "sender": signed.sender,
         "content": content,
         "event_id": signed.event_id,
         "origin_server_ts": signed.origin_server_ts,
-    }));
-    let reservation = state.streams.reserve();
+    });
     let invite = crate::storage::federation::RemoteInvite {
         user_id: invitee.to_string(),
         room_id: room_id.to_string(),
         event_id: signed.event_id.to_string(),
         room_version: version.to_string(),
         json: json.clone(),
-        stripped_state: serde_json::Value::Array(events).to_string(),
+        stripped_state: client_stripped_state(stripped, member),
         via: origin.to_string(),
-        stream: reservation.pos,
+        stream: 0,
         rejected: 0,
+        membership: "invite".into(),
     };
-    crate::storage::federation::put_remote_invite(&state.db, &invite).await?;
-    drop(reservation);
-    state.notifier.wake([invitee.as_str()]);
+    keep(state, invite).await?;
     raw(json)
+}
+
+/// The stripped state another server sent with an invite or a knock (at
+/// most MAX_STRIPPED events), in the client's form, with the user's own
+/// member event last: what their `/sync` shows.
+pub(super) fn client_stripped_state(stripped: &[RawStrippedState], member: serde_json::Value) -> String {
+    let mut events: Vec<serde_json::Value> =
+        stripped.iter().take(MAX_STRIPPED).filter_map(stripped_event).collect();
+    events.push(member);
+    serde_json::Value::Array(events).to_string()
+}
+
+/// Keeps (or replaces) a pending invite or knock of one of our users at a
+/// new stream position, and wakes their `/sync`.
+pub(super) async fn keep(state: &AppState, mut row: crate::storage::federation::RemoteInvite) -> Result<()> {
+    let reservation = state.streams.reserve();
+    row.stream = reservation.pos;
+    crate::storage::federation::put_remote_invite(&state.db, &row).await?;
+    drop(reservation);
+    state.notifier.wake([row.user_id.as_str()]);
+    Ok(())
+}
+
+/// A member event sent to us for a room we are not in (the host's answer to
+/// an invite or knock of one of our users that is pending here): a leave or
+/// ban of that user, signed by the server that invited them or took their
+/// knock (or sent by the user themselves), ends it: the room shows under
+/// `rooms.leave`. Answers the event's id and what became of it; any other
+/// event of a room we are not in is not known here.
+pub async fn membership_outside(
+    state: &AppState,
+    room_id: &RoomId,
+    raw: &RawJsonValue,
+) -> (Option<ruma::OwnedEventId>, Result<()>) {
+    let unknown = || Err(Error::NotFound(format!("Room {room_id} is not known here")));
+    let Some((user, pending)) = pending_for(state, room_id, raw).await else { return (None, unknown()) };
+    let Ok((_, rules)) =
+        version::federated_rules(ruma::RoomVersionId::try_from(pending.room_version.as_str()).ok().as_ref())
+    else {
+        return (None, unknown());
+    };
+    let pdu = match super::incoming::check_pdu(state, &rules, raw).await {
+        Ok(pdu) => pdu,
+        Err(e) => return (None, Err(e)),
+    };
+    let membership =
+        pdu.content_as::<serde_json::Value>().and_then(|c| c["membership"].as_str().map(str::to_owned));
+    let by_host = pdu.sender.server_name().as_str() == pending.via || pdu.sender == user;
+    let ends = pdu.kind == ruma::events::TimelineEventType::RoomMember
+        && pdu.room_id.as_deref() == Some(room_id)
+        && pdu.state_key.as_deref() == Some(user.as_str())
+        && matches!(membership.as_deref(), Some("leave" | "ban"));
+    if !ends || !by_host {
+        return (Some(pdu.event_id), unknown());
+    }
+    let result = end_pending(state, &user, room_id).await;
+    (Some(pdu.event_id), result)
+}
+
+/// The pending invite or knock (not yet ended) of the local user an event
+/// of `room_id` names as its state key.
+async fn pending_for(
+    state: &AppState,
+    room_id: &RoomId,
+    raw: &RawJsonValue,
+) -> Option<(ruma::OwnedUserId, crate::storage::federation::RemoteInvite)> {
+    #[derive(serde::Deserialize)]
+    struct Target {
+        state_key: Option<ruma::OwnedUserId>,
+    }
+    let user = serde_json::from_str::<Target>(raw.get()).ok()?.state_key?;
+    if user.server_name() != state.settings.server_name {
+        return None;
+    }
+    let pending = crate::storage::federation::remote_invite(&state.db, user.as_str(), room_id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .filter(|p| p.rejected == 0)?;
+    Some((user, pending))
+}
+
+/// Marks a pending invite or knock ended (shown once under `leave`) and
+/// wakes the user's `/sync`.
+async fn end_pending(state: &AppState, user: &UserId, room_id: &RoomId) -> Result<()> {
+    let reservation = state.streams.reserve();
+    crate::storage::federation::reject_remote_invite(
+        &state.db,
+        user.as_str(),
+        room_id.as_str(),
+        reservation.pos,
+    )
+    .await?;
+    drop(reservation);
+    state.notifier.wake([user.as_str()]);
+    Ok(())
 }
 
 /// One stripped state event in the client's form (type, state key, content,
@@ -221,17 +302,7 @@ pub async fn reject(state: &AppState, user: &UserId, room_id: &RoomId) -> Result
     if let Err(e) = leave_via(state, user, room_id, &invite.via).await {
         tracing::info!(%room_id, via = %invite.via, "invite rejected here only: {e}");
     }
-    let reservation = state.streams.reserve();
-    crate::storage::federation::reject_remote_invite(
-        &state.db,
-        user.as_str(),
-        room_id.as_str(),
-        reservation.pos,
-    )
-    .await?;
-    drop(reservation);
-    state.notifier.wake([user.as_str()]);
-    Ok(())
+    end_pending(state, user, room_id).await
 }
 
 async fn leave_via(state: &AppState, user: &UserId, room_id: &RoomId, via: &str) -> Result<()> {
@@ -246,8 +317,16 @@ async fn leave_via(state: &AppState, user: &UserId, room_id: &RoomId, via: &str)
     .await
     .map_err(|e| super::joining::remote_error(server, e))?;
     let (_, rules) = version::federated_rules(template.room_version.as_ref())?;
-    let (event_id, leave) =
-        super::joining::sign_template(state, &rules, room_id, user, &template.event, "leave").await?;
+    let (event_id, leave) = super::joining::sign_template(
+        state,
+        &rules,
+        room_id,
+        user,
+        &template.event,
+        "leave",
+        Default::default(),
+    )
+    .await?;
     let raw = raw(serde_json::to_string(&leave).map_err(|e| Error::Internal(e.to_string()))?)?;
     super::send(state, server, create_leave_event::v2::Request::new(room_id.to_owned(), event_id, raw))
         .await

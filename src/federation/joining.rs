@@ -45,22 +45,38 @@ pub struct JoinedRoom {
 }
 
 /// Joins `user` to `room_id` through the first of `servers` that lets them
-/// in; answers the checked room. A server's refusal wins over one that could not be reached.
+/// in; answers the checked room.
 pub async fn join(
     state: &AppState,
     user: &UserId,
     room_id: &RoomId,
     servers: &[OwnedServerName],
 ) -> Result<JoinedRoom> {
-    // A server that answered (no such room, not allowed) says more than one
-    // that could not be reached: its answer is the one given.
+    through_first(state, room_id, servers, "join", |server| join_via(state, user, room_id, server)).await
+}
+
+/// Asks each of `servers` in turn (ours left out) to let us `what` (join,
+/// knock) `room_id`, until one does; answers its answer. A server that
+/// answered (no such room, not allowed) says more than one that could not
+/// be reached: its refusal is the one given.
+pub async fn through_first<'a, T, F, Fut>(
+    state: &AppState,
+    room_id: &RoomId,
+    servers: &'a [OwnedServerName],
+    what: &str,
+    mut ask: F,
+) -> Result<T>
+where
+    F: FnMut(&'a OwnedServerName) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
     let mut answer: Option<Error> = None;
     let mut unreachable: Option<Error> = None;
     for server in servers.iter().filter(|s| **s != state.settings.server_name) {
-        match join_via(state, user, room_id, server).await {
-            Ok(joined) => return Ok(joined),
+        match ask(server).await {
+            Ok(done) => return Ok(done),
             Err(e) => {
-                tracing::info!(%room_id, %server, "cannot join through this server: {e}");
+                tracing::info!(%room_id, %server, "cannot {what} through this server: {e}");
                 let slot =
                     if matches!(e, Error::RemoteUnavailable(_)) { &mut unreachable } else { &mut answer };
                 slot.get_or_insert(e);
@@ -69,12 +85,14 @@ pub async fn join(
     }
     Err(answer
         .or(unreachable)
-        .unwrap_or_else(|| Error::NotFound(format!("No server to join {room_id} through"))))
+        .unwrap_or_else(|| Error::NotFound(format!("No server to {what} {room_id} through"))))
 }
 
+/// Another server's answer to a membership request (make_/send_ join,
+/// knock, leave) that is not a success, as our error.
 pub fn remote_error(server: &ruma::ServerName, e: FederationError) -> Error {
     match e {
-        FederationError::Status(403, body) => Error::Forbidden(format!("{server} refused the join: {body}")),
+        FederationError::Status(403, body) => Error::Forbidden(format!("{server} refused: {body}")),
         FederationError::Status(404, body) => {
             Error::NotFound(format!("{server} does not know the room: {body}"))
         }
@@ -97,7 +115,9 @@ async fn join_via(
     request.ver = version::FEDERATED.to_vec();
     let template = super::send(state, server, request).await.map_err(|e| remote_error(server, e))?;
     let (version, rules) = version::federated_rules(template.room_version.as_ref())?;
-    let (event_id, join) = sign_template(state, &rules, room_id, user, &template.event, "join").await?;
+    let (event_id, join) =
+        sign_template(state, &rules, room_id, user, &template.event, "join", CanonicalJsonObject::new())
+            .await?;
     let raw = RawJsonValue::from_string(
         serde_json::to_string(&join).map_err(|e| Error::Internal(format!("join json: {e}")))?,
     )
@@ -118,9 +138,10 @@ async fn join_via(
     check_answer(state, version, rules, server.clone(), room_id, &answer, join).await
 }
 
-/// Our member event from a make_join or make_leave template: checked to be
-/// `user`'s own `membership` event in `room_id`, with our timestamp and
-/// signature (and for a join, the user's profile).
+/// Our member event from a make_join, make_knock or make_leave template:
+/// checked to be `user`'s own `membership` event in `room_id`, with our
+/// timestamp and signature (and for a join or knock, the user's profile and
+/// `extra`, the content keys the user adds: a reason; the template's win).
 pub async fn sign_template(
     state: &AppState,
     rules: &RoomVersionRules,
@@ -128,6 +149,7 @@ pub async fn sign_template(
     user: &UserId,
     template: &RawJsonValue,
     membership: &str,
+    extra: CanonicalJsonObject,
 ) -> Result<(OwnedEventId, CanonicalJsonObject)> {
     let mut event: CanonicalJsonObject = serde_json::from_str(template.get())
         .map_err(|e| Error::RemoteUnavailable(format!("The template is not canonical JSON: {e}")))?;
@@ -144,9 +166,12 @@ pub async fn sign_template(
         )));
     }
     let mut content = content;
-    if membership == "join" {
+    if matches!(membership, "join" | "knock") {
         for (name, value) in crate::account::profile::member_fields(state, user).await? {
             content.insert(name, value);
+        }
+        for (name, value) in extra {
+            content.entry(name).or_insert(value);
         }
     }
     event.insert("content".into(), CanonicalJsonValue::Object(content));

@@ -10,6 +10,7 @@ pub mod incoming;
 pub mod invites;
 pub mod joining;
 pub mod keys;
+pub mod knocking;
 pub mod resident;
 pub mod resolve;
 pub mod sender;

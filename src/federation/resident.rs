@@ -1,5 +1,6 @@
-//! The resident side of federation: another server's user joins or leaves a
-//! room of ours (make_join / send_join, make_leave / send_leave), and other
+//! The resident side of federation: another server's user joins, knocks on
+//! or leaves a room of ours (make_join / send_join, make_knock / send_knock,
+//! make_leave / send_leave), and other
 //! servers in a room ask for its events and state (`/event`, `/state`,
 //! `/state_ids`, `/event_auth`, `/backfill`, `/get_missing_events`). What a
 //! server may be sent follows `read::server_access` (403 for a server with
@@ -7,6 +8,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use ruma::api::federation::membership::RawStrippedState;
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
 use ruma::events::TimelineEventType;
 use ruma::{EventId, OwnedEventId, RoomId, RoomVersionId, ServerName, UserId};
@@ -67,6 +69,10 @@ pub async fn make_membership(
         if !supported.contains(&version) {
             return Err(Error::IncompatibleRoomVersion { room_version: version.to_string() });
         }
+    }
+    if membership == "knock" && !view.rules.authorization.knocking {
+        // The spec's answer to a knock on a room whose version has none.
+        return Err(Error::IncompatibleRoomVersion { room_version: version.to_string() });
     }
     let mut content = CanonicalJsonObject::new();
     content.insert("membership".into(), CanonicalJsonValue::String(membership.into()));
@@ -214,6 +220,43 @@ pub async fn send_join(
         // Said only when something was left out: a small room's join is whole.
         members_omitted: before_len < whole,
     })
+}
+
+/// send_knock: the knock checked and placed like a join through us
+/// ([`send_membership`]: local members see it and may invite or refuse);
+/// answers the room's stripped state for the knocker's client.
+pub async fn send_knock(
+    state: &AppState,
+    origin: &ServerName,
+    room_id: &RoomId,
+    event_id: &EventId,
+    raw: &RawJsonValue,
+) -> Result<Vec<RawStrippedState>> {
+    send_membership(state, origin, room_id, event_id, raw, "knock").await?;
+    stripped_state(state, room_id, None).await
+}
+
+/// The room's stripped state another server's user is sent with an invite
+/// or a knock: the room's identity events (`room::STRIPPED_STATE_TYPES`)
+/// and `member`'s member event, as PDUs.
+pub async fn stripped_state(
+    state: &AppState,
+    room_id: &RoomId,
+    member: Option<&UserId>,
+) -> Result<Vec<RawStrippedState>> {
+    let mut stripped = Vec::new();
+    for kind in crate::room::STRIPPED_STATE_TYPES {
+        if let Some(stored) = events::state_event(&state.db, room_id.as_str(), kind, "").await? {
+            stripped.push(RawStrippedState::Pdu(raw_json(stored.json)?));
+        }
+    }
+    if let Some(member) = member
+        && let Some(stored) =
+            events::state_event(&state.db, room_id.as_str(), "m.room.member", member.as_str()).await?
+    {
+        stripped.push(RawStrippedState::Pdu(raw_json(stored.json)?));
+    }
+    Ok(stripped)
 }
 
 /// Members kept in a partial join's state for the room's name (the spec's

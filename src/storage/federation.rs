@@ -260,7 +260,8 @@ pub async fn save_inbound_txn(db: &Db, origin: &str, txn_id: &str, response: &st
     tx.commit().await
 }
 
-/// An invite of one of our users into a room on another server.
+/// An invite of one of our users into a room on another server, or their
+/// knock on one (`membership`).
 #[derive(Debug, Clone)]
 pub struct RemoteInvite {
     /// The invitee.
@@ -279,28 +280,43 @@ pub struct RemoteInvite {
     pub via: String,
     /// Stream position of the last change.
     pub stream: i64,
-    /// 1 once the invitee rejected it.
+    /// 1 once the invitee rejected it (or the knock was refused or withdrawn).
     pub rejected: i64,
+    /// `invite`, or `knock` (then `json` is our knock, `via` the server
+    /// that took it).
+    pub membership: String,
 }
 
-type InviteRow = (String, String, String, String, String, String, String, i64, i64);
+type InviteRow = (String, String, String, String, String, String, String, i64, i64, String);
 
 const INVITE_COLUMNS: &str =
-    "user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected";
+    "user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected, membership";
 
 fn invite_from(
-    (user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected): InviteRow,
+    (user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected, membership): InviteRow,
 ) -> RemoteInvite {
-    RemoteInvite { user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected }
+    RemoteInvite {
+        user_id,
+        room_id,
+        event_id,
+        room_version,
+        json,
+        stripped_state,
+        via,
+        stream,
+        rejected,
+        membership,
+    }
 }
 
-/// Records (or replaces) an invite of `invite.user_id` into a remote room.
+/// Records (or replaces) an invite of `invite.user_id` into a remote room,
+/// or their knock on one (an invite replaces the knock it answers).
 pub async fn put_remote_invite(db: &Db, invite: &RemoteInvite) -> Result<()> {
     sqlx::query(
-        "INSERT INTO remote_invites (user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0) \
+        "INSERT INTO remote_invites (user_id, room_id, event_id, room_version, json, stripped_state, via, stream, rejected, membership) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9) \
          ON CONFLICT (user_id, room_id) DO UPDATE SET event_id = $3, room_version = $4, json = $5, \
-           stripped_state = $6, via = $7, stream = $8, rejected = 0",
+           stripped_state = $6, via = $7, stream = $8, rejected = 0, membership = $9",
     )
     .bind(&invite.user_id)
     .bind(&invite.room_id)
@@ -310,6 +326,7 @@ pub async fn put_remote_invite(db: &Db, invite: &RemoteInvite) -> Result<()> {
     .bind(&invite.stripped_state)
     .bind(&invite.via)
     .bind(invite.stream)
+    .bind(&invite.membership)
     .execute(&db.pool)
     .await?;
     Ok(())

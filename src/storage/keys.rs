@@ -350,9 +350,9 @@ pub struct DeviceWindow {
 }
 
 /// A row of [`device_window`]: which part it belongs to (0 to-device, 1
-/// one-time keys, 2 fallback keys, 3 remote invites), a stream position,
-/// six texts and a number.
-type WindowRow = (i64, i64, String, String, String, String, String, String, i64);
+/// one-time keys, 2 fallback keys, 3 remote invites and knocks), a stream
+/// position, seven texts and a number.
+type WindowRow = (i64, i64, String, String, String, String, String, String, String, i64);
 
 /// [`DeviceWindow`] in one statement: to-device messages in
 /// `(to_device_after, upto]` (at most `limit`, oldest first), the key counts,
@@ -367,16 +367,16 @@ pub async fn device_window(
     limit: i64,
 ) -> Result<DeviceWindow> {
     let rows: Vec<WindowRow> = sqlx::query_as(
-        "SELECT * FROM (SELECT 0, stream, sender, event_type, content, '', '', '', 0 FROM to_device \
+        "SELECT * FROM (SELECT 0, stream, sender, event_type, content, '', '', '', '', 0 FROM to_device \
            WHERE user_id = $1 AND device_id = $2 AND stream > $3 AND stream <= $4 ORDER BY stream LIMIT $5 + 0) t \
          UNION ALL \
-         SELECT 1, 0, algorithm, '', '', '', '', '', COUNT(*) FROM one_time_keys \
+         SELECT 1, 0, algorithm, '', '', '', '', '', '', COUNT(*) FROM one_time_keys \
            WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm \
          UNION ALL \
-         SELECT 2, 0, algorithm, '', '', '', '', '', 0 FROM fallback_keys \
+         SELECT 2, 0, algorithm, '', '', '', '', '', '', 0 FROM fallback_keys \
            WHERE user_id = $1 AND device_id = $2 AND used = 0 \
          UNION ALL \
-         SELECT 3, stream, room_id, event_id, room_version, json, stripped_state, via, rejected \
+         SELECT 3, stream, room_id, event_id, room_version, json, stripped_state, via, membership, rejected \
            FROM remote_invites WHERE user_id = $1 AND stream > $6 AND stream <= $4 \
          ORDER BY 1, 2, 3",
     )
@@ -389,7 +389,7 @@ pub async fn device_window(
     .fetch_all(&mut db.reader())
     .await?;
     let mut out = DeviceWindow::default();
-    for (part, stream, a, b, c, d, e, f, n) in rows {
+    for (part, stream, a, b, c, d, e, f, g, n) in rows {
         match part {
             0 => out.to_device.push((stream, a, b, c)),
             1 => out.one_time_keys.push((a, n)),
@@ -404,6 +404,7 @@ pub async fn device_window(
                 via: f,
                 stream,
                 rejected: n,
+                membership: g,
             }),
         }
     }

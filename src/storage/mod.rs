@@ -178,6 +178,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (29, "media_expiry", include_str!("../../migrations/sqlite/0029_media_expiry.sql")),
     (30, "unread_candidates", include_str!("../../migrations/sqlite/0030_unread_candidates.sql")),
     (31, "fork_states", include_str!("../../migrations/sqlite/0031_fork_states.sql")),
+    (32, "remote_knocks", include_str!("../../migrations/sqlite/0032_remote_knocks.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -211,6 +212,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (29, "media_expiry", include_str!("../../migrations/postgres/0029_media_expiry.sql")),
     (30, "unread_candidates", include_str!("../../migrations/postgres/0030_unread_candidates.sql")),
     (31, "fork_states", include_str!("../../migrations/postgres/0031_fork_states.sql")),
+    (32, "remote_knocks", include_str!("../../migrations/postgres/0032_remote_knocks.sql")),
 ];
 
 impl Db {

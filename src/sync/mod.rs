@@ -501,7 +501,8 @@ async fn build(
         }
     };
 
-    // Invites into rooms on other servers (not on any line of ours yet).
+    // Invites into rooms on other servers (not on any line of ours yet), and
+    // knocks on them.
     for pending in &window.remote_invites {
         let room_id = pending.room_id.clone();
         if req.filter.rooms.as_ref().is_some_and(|r| !r.contains(&room_id))
@@ -524,7 +525,11 @@ async fn build(
         }
         has_news = true;
         let events: Value = serde_json::from_str(&pending.stripped_state).unwrap_or_else(|_| json!([]));
-        invite.insert(room_id, json!({ "invite_state": { "events": events } }));
+        if pending.membership == "knock" {
+            knock.insert(room_id, json!({ "knock_state": { "events": events } }));
+        } else {
+            invite.insert(room_id, json!({ "invite_state": { "events": events } }));
+        }
     }
 
     let mut next = now;

@@ -75,16 +75,10 @@ async fn join(
     if state.settings.federation.is_none() || is_here(state, room_id).await? {
         return join_or_knock(state, room_id, me, "join", reason, extra).await;
     }
-    let mut servers: Vec<OwnedServerName> = Vec::new();
-    if let Some(invite) = fed::remote_invite(&state.db, me.user_id.as_str(), room_id.as_str()).await?
-        && let Ok(server) = OwnedServerName::try_from(invite.via.as_str())
-    {
-        servers.push(server);
-    }
-    servers.extend(via.iter().cloned());
-    servers.extend(room_id.server_name().map(ToOwned::to_owned));
-    let mut seen = std::collections::HashSet::new();
-    servers.retain(|s| seen.insert(s.clone()));
+    let inviting = fed::remote_invite(&state.db, me.user_id.as_str(), room_id.as_str())
+        .await?
+        .and_then(|invite| OwnedServerName::try_from(invite.via.as_str()).ok());
+    let servers = candidates(via.to_vec(), inviting, room_id);
     let joined = crate::federation::joining::join(state, &me.user_id, room_id, &servers).await?;
     crate::room::remote::store_joined_room(state, &me.user_id, &joined).await?;
     Ok(())
@@ -102,23 +96,53 @@ async fn is_here(state: &AppState, room_id: &RoomId) -> Result<bool> {
 }
 
 /// A room id, or the room an alias points to (`room::directory::resolve`:
-/// 404 when it points nowhere).
-async fn resolve(state: &AppState, target: &ruma::RoomOrAliasId) -> Result<OwnedRoomId> {
+/// 404 when it points nowhere) with the servers the alias names.
+async fn resolve(
+    state: &AppState,
+    target: &ruma::RoomOrAliasId,
+) -> Result<(OwnedRoomId, Vec<OwnedServerName>)> {
     match <&RoomId>::try_from(target) {
-        Ok(id) => Ok(id.to_owned()),
-        Err(alias) => Ok(crate::room::directory::resolve(state, alias).await?.0),
+        Ok(id) => Ok((id.to_owned(), Vec::new())),
+        Err(alias) => crate::room::directory::resolve(state, alias).await,
     }
 }
 
 /// Knocking (join rules `knock` and `knock_restricted`): asks the room's
 /// members to let one in; an invite accepts, a kick refuses, a leave
 /// withdraws.
+/// A room not on this server is knocked on over federation, through the
+/// servers named (`via`, an alias's servers) and the room id's own server.
 async fn knock(state: AppState, req: Ruma<knock_room::v3::Request>) -> Result<knock_room::v3::Response> {
     let me = req.requester()?;
-    let room_id = resolve(&state, &req.body.room_id_or_alias).await?;
-    join_or_knock(&state, &room_id, me, "knock", req.body.reason.clone(), extra_content(&req.raw_body))
-        .await?;
+    let (room_id, mut via) = resolve(&state, &req.body.room_id_or_alias).await?;
+    let reason = req.body.reason.clone();
+    let extra = extra_content(&req.raw_body);
+    if state.settings.federation.is_none() || is_here(&state, &room_id).await? {
+        join_or_knock(&state, &room_id, me, "knock", reason, extra).await?;
+        return Ok(knock_room::v3::Response::new(room_id));
+    }
+    via.splice(0..0, req.body.via.iter().cloned());
+    let servers = candidates(via, None, &room_id);
+    let mut content = extra;
+    if let Some(reason) = reason {
+        content.insert("reason".into(), ruma::canonical_json::CanonicalJsonValue::String(reason));
+    }
+    crate::federation::knocking::knock(&state, &me.user_id, &room_id, &servers, content).await?;
     Ok(knock_room::v3::Response::new(room_id))
+}
+
+/// The servers to ask for a room this server is not in, in order: `first`
+/// (the inviting server), `via`, the room id's own server; each once.
+fn candidates(
+    via: Vec<OwnedServerName>,
+    first: Option<OwnedServerName>,
+    room_id: &RoomId,
+) -> Vec<OwnedServerName> {
+    let mut servers: Vec<OwnedServerName> = first.into_iter().chain(via).collect();
+    servers.extend(room_id.server_name().map(ToOwned::to_owned));
+    let mut seen = std::collections::HashSet::new();
+    servers.retain(|s| seen.insert(s.clone()));
+    servers
 }
 
 async fn join_by_id(
@@ -135,10 +159,7 @@ async fn join_by_id_or_alias(
     req: Ruma<join_room_by_id_or_alias::v3::Request>,
 ) -> Result<join_room_by_id_or_alias::v3::Response> {
     let me = req.requester()?;
-    let (room_id, mut via) = match <&RoomId>::try_from(&*req.body.room_id_or_alias) {
-        Ok(id) => (id.to_owned(), Vec::new()),
-        Err(alias) => crate::room::directory::resolve(&state, alias).await?,
-    };
+    let (room_id, mut via) = resolve(&state, &req.body.room_id_or_alias).await?;
     via.splice(0..0, req.body.via.iter().cloned());
     join(&state, &room_id, me, req.body.reason.clone(), &via, extra_content(&req.raw_body)).await?;
     Ok(join_room_by_id_or_alias::v3::Response::new(room_id))

@@ -151,6 +151,8 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, query_directory);
     let router = route(router, rooms::make_join);
     let router = route(router, rooms::send_join);
+    let router = route(router, rooms::make_knock);
+    let router = route(router, rooms::send_knock);
     let router = route(router, rooms::make_leave);
     let router = route(router, rooms::send_leave);
     let router = route(router, rooms::send_transaction);

@@ -1,5 +1,5 @@
-//! Room endpoints of the federation API: joins and leaves through us
-//! (make_join / send_join v2, make_leave / send_leave v2), transactions
+//! Room endpoints of the federation API: joins, knocks and leaves through us
+//! (make_join / send_join v2, make_knock / send_knock, make_leave / send_leave v2), transactions
 //! (`/send`), and the events and state other servers ask for. Each handler
 //! parses, calls `federation::{resident, incoming}`, formats.
 
@@ -8,7 +8,8 @@ use ruma::api::federation::backfill::get_backfill;
 use ruma::api::federation::directory::{get_public_rooms, get_public_rooms_filtered};
 use ruma::api::federation::event::{get_event, get_missing_events, get_room_state, get_room_state_ids};
 use ruma::api::federation::membership::{
-    create_invite, create_join_event, create_leave_event, prepare_join_event, prepare_leave_event,
+    create_invite, create_join_event, create_knock_event, create_leave_event, prepare_join_event,
+    prepare_knock_event, prepare_leave_event,
 };
 use ruma::api::federation::space::get_hierarchy;
 use ruma::api::federation::transactions::send_transaction_message;
@@ -59,6 +60,28 @@ pub(super) async fn send_join(
     room_state.servers_in_room = Some(joined.servers_in_room);
     room_state.members_omitted = joined.members_omitted;
     Ok(create_join_event::v2::Response::new(room_state))
+}
+
+pub(super) async fn make_knock(
+    state: AppState,
+    req: Federation<prepare_knock_event::v1::Request>,
+) -> Result<prepare_knock_event::v1::Response> {
+    let origin = origin(&req)?;
+    let body = &req.body;
+    let (version, event) =
+        resident::make_membership(&state, origin, &body.room_id, &body.user_id, "knock", Some(&body.ver))
+            .await?;
+    Ok(prepare_knock_event::v1::Response::new(version, event))
+}
+
+pub(super) async fn send_knock(
+    state: AppState,
+    req: Federation<create_knock_event::v1::Request>,
+) -> Result<create_knock_event::v1::Response> {
+    let origin = origin(&req)?;
+    let body = &req.body;
+    let stripped = resident::send_knock(&state, origin, &body.room_id, &body.event_id, &body.pdu).await?;
+    Ok(create_knock_event::v1::Response::new(stripped))
 }
 
 pub(super) async fn make_leave(
