@@ -23,6 +23,7 @@ backend_tests!(
     missing_events_with_another_rooms_event_are_refused,
     backfill_answers_with_another_rooms_event_are_refused,
     signing_keys_are_judged_at_the_events_time,
+    a_hole_nobody_can_fill_is_not_asked_about_again_and_again,
 );
 
 const MAKE_JOIN: &str = "/_matrix/federation/v1/make_join/";
@@ -373,4 +374,25 @@ async fn signing_keys_are_judged_at_the_events_time(backend: Backend) {
         message_bodies(&seq, &alice, &room.room_id).await,
         ["old key in use", "current key, extended"]
     );
+}
+
+/// A server sending, again and again, an event whose prev event it will not
+/// give (no /get_missing_events, no /state_ids): seqline asks for the state
+/// across the hole once, then not again for an hour; each try is refused
+/// and nothing is placed.
+async fn a_hole_nobody_can_fill_is_not_asked_about_again_and_again(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let mallory = fake.user_id("mallory");
+    let (mut room, _, _) = joined_with_history(&seq, &fake, &alice).await;
+    let (_, _never_sent) = fake.add(&mut room, "m.room.message", None, &mallory, text("never sent"));
+    let (orphan_id, orphan) = fake.add(&mut room, "m.room.message", None, &mallory, text("orphan"));
+    for txn in ["h1", "h2", "h3"] {
+        let (status, results) = fake.send_txn(&seq, txn, &[&orphan]).await;
+        assert_eq!(status, 200, "{results}");
+        assert!(results["pdus"][&orphan_id]["error"].is_string(), "{results}");
+    }
+    let state_ids = format!("/_matrix/federation/v1/state_ids/{}", room.room_id);
+    assert_eq!(fake.requests_to(&state_ids).len(), 1, "{:?}", fake.requests());
+    assert!(message_bodies(&seq, &alice, &room.room_id).await.iter().all(|b| b != "orphan"));
 }

@@ -80,12 +80,12 @@ impl Backfills {
         rooms.entry(room.to_owned()).or_default().clone()
     }
 
-    fn is_dead(&self, event_id: &str) -> bool {
+    pub(super) fn is_dead(&self, event_id: &str) -> bool {
         let dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
         dead.get(event_id).is_some_and(|since| since.elapsed() < DEAD_END)
     }
 
-    fn mark_dead(&self, event_id: &str) {
+    pub(super) fn mark_dead(&self, event_id: &str) {
         let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
         if dead.len() >= MAX_DEAD_ENDS {
             dead.clear();

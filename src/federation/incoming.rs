@@ -258,8 +258,26 @@ async fn catch_up(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: 
     Ok(())
 }
 
-/// Places `pdu` across a hole: the state before it from `origin`.
+/// Places `pdu` across a hole: the state before it from `origin`. An event
+/// whose state could not be had is not asked about again for an hour (the
+/// backfill's dead ends): a server naming made-up prev events again and
+/// again gets one /state_ids each, not a storm.
 async fn across_gap(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pdu) -> Result<()> {
+    if state.backfills.is_dead(pdu.event_id.as_str()) {
+        return Err(Error::MissingPrevEvents(format!(
+            "The state before {} could not be had lately: not asked again yet",
+            pdu.event_id
+        )));
+    }
+    let id = pdu.event_id.clone();
+    let placed = place_across_gap(state, origin, room_id, pdu).await;
+    if matches!(&placed, Err(e) if !e.taints_transaction()) {
+        state.backfills.mark_dead(id.as_str());
+    }
+    placed
+}
+
+async fn place_across_gap(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pdu) -> Result<()> {
     let Some(room) = rooms::get(&state.db, room_id.as_str()).await? else {
         return Err(Error::NotFound(format!("Room {room_id} is not known here")));
     };
