@@ -47,7 +47,7 @@ pub(super) async fn prepare(
     let own_join = member_value(&draft.kind, &draft.content) == Some("join")
         && draft.state_key.as_deref() == Some(sender);
     let was = match &draft.state_key {
-        Some(target) => membership(writer, target).await?,
+        Some(target) => writer.membership(target).await?,
         None => None,
     };
     if draft.content.contains_key(AUTHORISER_FIELD) {
@@ -118,20 +118,11 @@ pub(super) async fn check_remote(writer: &mut RoomWriter, state: &AppState, pdu:
     if !ours {
         return Ok(());
     }
-    let was = membership(writer, pdu.sender.as_str()).await?;
+    let was = writer.membership(pdu.sender.as_str()).await?;
     if matches!(was.as_deref(), Some("join" | "invite")) {
         return Ok(());
     }
     check_allow_rules(writer, state, &pdu.sender).await.map(|_| ())
-}
-
-/// The membership `user` has in the writer's room now.
-async fn membership(writer: &mut RoomWriter, user: &str) -> Result<Option<String>> {
-    Ok(writer
-        .state_event("m.room.member", user)
-        .await?
-        .and_then(|p| p.content_as::<Value>())
-        .and_then(|c| c["membership"].as_str().map(str::to_owned)))
 }
 
 /// Whether `user`'s join must pass the room's restricted rule (`false`: the

@@ -408,7 +408,7 @@ impl RoomWriter {
             return Ok(Appended { pdu, seq: 0, is_new: false });
         }
         let mut prev_seqs = Vec::with_capacity(pdu.prev_events.len());
-        let mut missing: Vec<&str> = Vec::new();
+        let mut missing: Vec<OwnedEventId> = Vec::new();
         for prev in &pdu.prev_events {
             let room = self.room_id.as_str();
             let seq = match events::by_id_tx(self.tx.conn(), prev.as_str()).await? {
@@ -422,7 +422,7 @@ impl RoomWriter {
             };
             match seq {
                 Some(seq) => prev_seqs.push(seq),
-                None if across.is_some() => missing.push(prev.as_str()),
+                None if across.is_some() => missing.push(prev.clone()),
                 None => return Err(Error::MissingPrevEvents(format!("Previous event {prev} is not known"))),
             }
         }
@@ -480,7 +480,6 @@ impl RoomWriter {
             self.keep_off_line(pdu, fork, Some(&rejected.to_string())).await?;
             return Err(rejected);
         }
-        let missing: Vec<String> = missing.into_iter().map(str::to_owned).collect();
         let redacts = super::redaction::target(&self.rules, &pdu)?;
         if let Err(refused) = self.check(&pdu, &draft, redacts.as_ref(), true).await? {
             // The spec's check 6: allowed where it stands, not by the
@@ -497,7 +496,7 @@ impl RoomWriter {
         let ts = i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX);
         let appended = self.place(state, &draft, pdu, redacts.as_ref(), None, ts, forward).await?;
         if !missing.is_empty() {
-            let missing: Vec<&str> = missing.iter().map(String::as_str).collect();
+            let missing: Vec<&str> = missing.iter().map(|id| id.as_str()).collect();
             let (room, id) = (self.room_id.to_string(), appended.pdu.event_id.to_string());
             crate::storage::backfill::add_gap(self.tx.conn(), &room, appended.seq, &id, &missing).await?;
         }
@@ -549,12 +548,7 @@ impl RoomWriter {
             .ok_or_else(|| Error::Internal(format!("the seq line of {} is full", self.room_id)))?;
         let membership_change = match (&draft.state_key, member_value(&draft.kind, &draft.content)) {
             (Some(target), Some(new)) => {
-                let old = match self.state_event("m.room.member", target).await? {
-                    Some(p) => p
-                        .content_as::<serde_json::Value>()
-                        .and_then(|c| c["membership"].as_str().map(str::to_owned)),
-                    None => None,
-                };
+                let old = self.membership(target).await?;
                 Some((target.clone(), old.unwrap_or_else(|| "leave".to_owned()), new.to_owned()))
             }
             _ => None,
@@ -711,6 +705,16 @@ impl RoomWriter {
                 "Changing what members may read needs the power level of m.room.history_visibility".into(),
             ))
         })
+    }
+
+    /// `user`'s membership in the room now, as this transaction sees it
+    /// (`None`: no member event).
+    pub(super) async fn membership(&mut self, user: &str) -> Result<Option<String>> {
+        Ok(self
+            .state_event("m.room.member", user)
+            .await?
+            .and_then(|p| p.content_as::<serde_json::Value>())
+            .and_then(|c| c["membership"].as_str().map(str::to_owned)))
     }
 
     /// The room's power levels as this transaction sees them.

@@ -65,6 +65,22 @@ impl Fork {
     }
 }
 
+/// A key of a state and the event holding it (`None`: absent).
+type Entry = ((StateEventType, String), Option<OwnedEventId>);
+
+/// Where `a` differs from `b`: each such key with `a`'s value (`None`: `a`
+/// lacks it), in key order.
+fn state_diff(a: &StateIds, b: &StateIds) -> Vec<Entry> {
+    let mut diff: Vec<Entry> = a
+        .iter()
+        .filter(|(key, id)| b.get(*key) != Some(*id))
+        .map(|(key, id)| (key.clone(), Some(id.clone())))
+        .chain(b.keys().filter(|key| !a.contains_key(*key)).map(|key| (key.clone(), None)))
+        .collect();
+    diff.sort_unstable();
+    diff
+}
+
 /// A state key as `state_runs` and `room_state` write it.
 fn key_of(kind: &str, state_key: &str) -> (StateEventType, String) {
     (StateEventType::from(kind), state_key.to_owned())
@@ -132,11 +148,7 @@ impl RoomWriter {
     /// only the keys with rows between their positions and their own
     /// differences are looked at, so the cost follows the state changes
     /// between them, not the size of the state.
-    async fn differing(
-        &mut self,
-        a: &Tip,
-        b: &Tip,
-    ) -> Result<Vec<((StateEventType, String), Option<OwnedEventId>)>> {
+    async fn differing(&mut self, a: &Tip, b: &Tip) -> Result<Vec<Entry>> {
         let room = self.room_id.to_string();
         let (lo, hi) = (a.seq.min(b.seq), a.seq.max(b.seq));
         let mut keys: Vec<(StateEventType, String)> =
@@ -284,7 +296,9 @@ impl RoomWriter {
         fetched: Vec<Pdu>,
     ) -> Result<Appended> {
         let now = crate::storage::now_ms();
-        for event in fetched.iter().filter(|e| e.room_id.as_deref() == Some(&*self.room_id)) {
+        for event in
+            fetched.iter().filter(|e| crate::room::version::belongs_to(&self.rules, e, &self.room_id))
+        {
             crate::room::remote::hold(self.tx.conn(), self.room_id.as_str(), event, now).await?;
         }
         self.append_remote_at(state, pdu, false, Some(before)).await
@@ -347,32 +361,27 @@ impl RoomWriter {
         // changes go on top. A key no tip's state lets stand (a join whose
         // join rule lost, say) becomes absent.
         let line = self.line_at(appended.seq).await?;
-        let mut changed: Vec<((StateEventType, String), Option<OwnedEventId>)> = current
-            .iter()
-            .filter(|(key, id)| line.get(*key) != Some(*id))
-            .map(|(key, id)| (key.clone(), Some(id.clone())))
-            .chain(line.keys().filter(|key| !current.contains_key(*key)).map(|key| (key.clone(), None)))
-            .collect();
-        changed.sort_unstable();
+        let changed = state_diff(&current, &line);
         self.load(&mut events, changed.iter().filter_map(|(_, id)| id.as_ref())).await?;
         self.apply_resolved(appended.seq, own_key.as_ref(), &changed, &events).await?;
-
-        let mut differs: Vec<(String, String, Option<String>)> = Vec::new();
-        for (key, id) in &own {
-            if current.get(key) != Some(id) {
-                differs.push((key.0.to_string(), key.1.clone(), Some(id.to_string())));
-            }
-        }
-        for key in current.keys().filter(|key| !own.contains_key(*key)) {
-            differs.push((key.0.to_string(), key.1.clone(), None));
-        }
-        if !differs.is_empty() {
-            let rows: Vec<(&str, &str, Option<&str>)> =
-                differs.iter().map(|(t, k, e)| (t.as_str(), k.as_str(), e.as_deref())).collect();
-            state_runs::put_fork_state(self.tx.conn(), pdu.event_id.as_str(), &rows).await?;
-        }
+        self.keep_own_state(&pdu.event_id, &state_diff(&own, &current)).await?;
         let resolved: Vec<&(StateEventType, String)> = changed.iter().map(|(key, _)| key).collect();
         self.split_stays(appended.seq, &own, &current, &resolved, &mut events).await
+    }
+
+    /// Keeps where the state after `event` differs from the line at its
+    /// position (`diff`, from [`state_diff`]): its `fork_states` rows.
+    async fn keep_own_state(&mut self, event: &OwnedEventId, diff: &[Entry]) -> Result<()> {
+        if diff.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(String, &str, Option<&str>)> = diff
+            .iter()
+            .map(|((t, k), e)| (t.to_string(), k.as_str(), e.as_ref().map(|e| e.as_str())))
+            .collect();
+        let rows: Vec<(&str, &str, Option<&str>)> =
+            rows.iter().map(|(t, k, e)| (t.as_str(), *k, *e)).collect();
+        state_runs::put_fork_state(self.tx.conn(), event.as_str(), &rows).await
     }
 
     /// Writes the keys a resolution changed at `seq` (`None`: now absent);
@@ -381,7 +390,7 @@ impl RoomWriter {
         &mut self,
         seq: i64,
         own_key: Option<&(StateEventType, String)>,
-        changed: &[((StateEventType, String), Option<OwnedEventId>)],
+        changed: &[Entry],
         events: &Events,
     ) -> Result<()> {
         for (key, id) in changed {
@@ -430,22 +439,11 @@ impl RoomWriter {
         if let Some(state_key) = pdu.state_key.as_ref().filter(|_| rejected.is_none()) {
             own.insert(key_of(&pdu.kind.to_string(), state_key), pdu.event_id.clone());
         }
-        let mut differs: Vec<(String, String, Option<String>)> = Vec::new();
-        for (key, id) in &own {
-            if line.get(key) != Some(id) {
-                differs.push((key.0.to_string(), key.1.clone(), Some(id.to_string())));
-            }
-        }
-        for key in line.keys().filter(|key| !own.contains_key(*key)) {
-            differs.push((key.0.to_string(), key.1.clone(), None));
-        }
         crate::room::remote::hold(self.tx.conn(), self.room_id.as_str(), &pdu, crate::storage::now_ms())
             .await?;
         outliers::mark_off_line(self.tx.conn(), pdu.event_id.as_str(), self.room_id.as_str(), base, rejected)
             .await?;
-        let rows: Vec<(&str, &str, Option<&str>)> =
-            differs.iter().map(|(t, k, e)| (t.as_str(), k.as_str(), e.as_deref())).collect();
-        state_runs::put_fork_state(self.tx.conn(), pdu.event_id.as_str(), &rows).await?;
+        self.keep_own_state(&pdu.event_id, &state_diff(&own, &line)).await?;
         self.kept_off_line = true;
         Ok(Appended { pdu, seq: 0, is_new: false })
     }
@@ -540,13 +538,7 @@ impl RoomWriter {
         .await?;
         let members = match &new {
             Some(new) => {
-                let old = match self.state_event(kind, state_key).await? {
-                    Some(p) => p
-                        .content_as::<serde_json::Value>()
-                        .and_then(|c| c["membership"].as_str().map(str::to_owned)),
-                    None => None,
-                }
-                .unwrap_or_else(|| "leave".to_owned());
+                let old = self.membership(state_key).await?.unwrap_or_else(|| "leave".to_owned());
                 if old != *new {
                     let ends_at = if own { seq } else { seq - 1 };
                     for kind in super::RANGE_KINDS {
