@@ -10,7 +10,7 @@ use complement_tests::api::{
     V3, assert_error, create_room, enc, event_id_of, join, room_path, sync_once, text,
 };
 use complement_tests::backend_tests;
-use complement_tests::fake::{FakeRoom, FakeServer};
+use complement_tests::fake::{FakeRoom, FakeServer, Received};
 use complement_tests::federation::{FedServer, now_ms};
 use complement_tests::harness::{Backend, User};
 use complement_tests::pdu;
@@ -24,6 +24,8 @@ backend_tests!(
     backfill_answers_with_another_rooms_event_are_refused,
     signing_keys_are_judged_at_the_events_time,
     a_hole_nobody_can_fill_is_not_asked_about_again_and_again,
+    a_hole_in_the_middle_is_filled_when_someone_pages_into_it,
+    a_kick_in_a_hole_ends_the_stay_where_it_was,
 );
 
 const MAKE_JOIN: &str = "/_matrix/federation/v1/make_join/";
@@ -395,4 +397,195 @@ async fn a_hole_nobody_can_fill_is_not_asked_about_again_and_again(backend: Back
     let state_ids = format!("/_matrix/federation/v1/state_ids/{}", room.room_id);
     assert_eq!(fake.requests_to(&state_ids).len(), 1, "{:?}", fake.requests());
     assert!(message_bodies(&seq, &alice, &room.room_id).await.iter().all(|b| b != "orphan"));
+}
+
+/// Every page of `/messages` in `dir` (`b` or `f`) as `user`, limit 10,
+/// the messages' bodies in the room's order.
+async fn all_bodies(seq: &FedServer, user: &User, room: &str, dir: &str) -> Vec<String> {
+    let mut bodies = Vec::new();
+    let mut from = String::new();
+    for _ in 0..20 {
+        let path = format!("/messages?dir={dir}&limit=10{from}");
+        let (status, page) = seq.server.get(&room_path(room, &path), Some(&user.token)).await;
+        assert_eq!(status, 200, "{page}");
+        let mut chunk = complement_tests::api::message_bodies(&page);
+        if dir == "f" {
+            chunk.reverse();
+        }
+        match dir {
+            "b" => bodies.splice(0..0, chunk),
+            _ => bodies.splice(bodies.len().., chunk),
+        };
+        let Some(end) = page["end"].as_str() else { return bodies };
+        from = format!("&from={}", enc(end));
+    }
+    panic!("more than 20 pages: {bodies:?}");
+}
+
+/// Scripts `fake`'s /backfill in `room` to give, for `v` = one of `events`,
+/// that event and at most `per_page - 1` before it (newest first), as a
+/// server with a small page would; anything else is left to the default.
+fn backfill_pages(fake: &FakeServer, room: &str, events: Vec<Value>, per_page: usize) {
+    let answer_from = fake.name.clone();
+    fake.answer_with("GET", &format!("/_matrix/federation/v1/backfill/{room}"), move |r: &Received| {
+        let at = events.iter().position(|e| r.query.contains(&format!("v={}", enc(&pdu::event_id(e)))))?;
+        let page: Vec<&Value> = events[at.saturating_sub(per_page - 1)..=at].iter().rev().collect();
+        Some((200, json!({ "origin": answer_from, "origin_server_ts": now_ms(), "pdus": page })))
+    });
+}
+
+/// A hole in the middle of the line: after an outage the fake sends one
+/// event whose 30 parents it will not list (/get_missing_events unknown);
+/// it is placed across the hole with the state the fake tells. Nothing is
+/// fetched until alice pages back into the hole: then /backfill fills it,
+/// 10 events a request, the hole moving down each time, and alice reads
+/// every message in order, also through /event and /context.
+async fn a_hole_in_the_middle_is_filled_when_someone_pages_into_it(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let mallory = fake.user_id("mallory");
+    let (mut room, before_alice, _) = joined_with_history(&seq, &fake, &alice).await;
+    let r = room.room_id.clone();
+    let (heard_id, heard) = fake.add(&mut room, "m.room.message", None, &mallory, text("before the outage"));
+    let (status, results) = fake.send_txn(&seq, "before-outage", &[&heard]).await;
+    assert_eq!((status, &results["pdus"][&heard_id]), (200, &json!({})), "{results}");
+    let mut hole = Vec::new();
+    for i in 1..=30 {
+        hole.push(fake.add(&mut room, "m.room.message", None, &mallory, text(&format!("hole {i}"))).1);
+    }
+    let state_ids: Vec<String> = room.state_events().iter().map(pdu::event_id).collect();
+    let (top_id, top) = fake.add(&mut room, "m.room.message", None, &mallory, text("after the hole"));
+    fake.answer(
+        "GET",
+        &format!("/_matrix/federation/v1/state_ids/{r}"),
+        200,
+        json!({ "pdu_ids": state_ids, "auth_chain_ids": state_ids }),
+    );
+    backfill_pages(&fake, &r, hole.clone(), 10);
+
+    let (status, results) = fake.send_txn(&seq, "after-outage", &[&top]).await;
+    assert_eq!((status, &results["pdus"][&top_id]), (200, &json!({})), "{results}");
+    let backfill = format!("/_matrix/federation/v1/backfill/{r}");
+    assert!(fake.requests_to(&backfill).is_empty(), "nothing is fetched before a reader comes");
+
+    let mut expected: Vec<String> = vec!["before the outage".into()];
+    expected.extend((1..=30).map(|i| format!("hole {i}")));
+    expected.push("after the hole".into());
+    assert_eq!(all_bodies(&seq, &alice, &r, "b").await, expected, "{}", seq.server.log());
+    // Three requests into the hole, from its top down; then the history
+    // below the bottom (before alice's join, which the fake does not give).
+    let bottom = format!("v={}", enc(&pdu::event_id(&before_alice)));
+    let into_hole = || -> Vec<String> {
+        let asked = fake.requests_to(&backfill).into_iter().map(|r| r.query);
+        asked.filter(|q| !q.contains(&bottom)).collect()
+    };
+    let asked = into_hole();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    for (n, query) in asked.iter().enumerate() {
+        let v = pdu::event_id(&hole[29 - 10 * n]);
+        assert!(query.contains(&format!("v={}", enc(&v))), "{n}: {query}");
+    }
+    // Filled for good: paging again asks nothing of it, forwards reads the same.
+    assert_eq!(all_bodies(&seq, &alice, &r, "f").await, expected);
+    assert_eq!(into_hole().len(), 3);
+    let h15 = pdu::event_id(&hole[14]);
+    let (status, event) =
+        seq.server.get(&room_path(&r, &format!("/event/{}", enc(&h15))), Some(&alice.token)).await;
+    assert_eq!((status, event["content"]["body"].as_str()), (200, Some("hole 15")), "{event}");
+    let (status, context) =
+        seq.server.get(&room_path(&r, &format!("/context/{}?limit=2", enc(&h15))), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{context}");
+    let bodies = |list: &Value| -> Vec<String> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["content"]["body"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(bodies(&context["events_before"]), ["hole 14"], "{context}");
+    assert_eq!(bodies(&context["events_after"]), ["hole 16"], "{context}");
+    // alice can still talk; her message follows the one after the hole
+    // (and the last one heard before the outage: backfilled events move
+    // no forward extremity, as on Synapse).
+    let (status, sent) = seq
+        .server
+        .put(&room_path(&r, "/send/m.room.message/after-fill"), Some(&alice.token), text("still here"))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let event = fake.event(&seq, sent["event_id"].as_str().unwrap()).await;
+    let prevs: Vec<&str> =
+        event["prev_events"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(prevs.contains(&top_id.as_str()), "{prevs:?}");
+}
+
+/// A kick in the hole: mallory kicks alice while seqline cannot hear, and
+/// talks on. The event after the hole, placed with the state the fake
+/// tells, ends alice's stay (she is no longer joined). When bob, who
+/// stays, pages forwards into the hole, it is filled: bob reads every
+/// message, alice only those before her kick, through /messages and /event.
+async fn a_kick_in_a_hole_ends_the_stay_where_it_was(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let bob = seq.server.register("bob", "pw").await;
+    let mallory = fake.user_id("mallory");
+    let (mut room, _, _) = joined_with_history(&seq, &fake, &alice).await;
+    let r = room.room_id.clone();
+    host_join(&fake, &room, &bob.user_id, room.send_join_answer(&[&fake.name]));
+    let (status, joined) = join_via(&seq, &bob, &r, &fake.name).await;
+    assert_eq!(status, 200, "{joined}");
+    room.push(fake.requests_to(&format!("{SEND_JOIN}{r}/")).last().unwrap().body.clone());
+
+    let state_before: Vec<String> = room.state_events().iter().map(pdu::event_id).collect();
+    let mut hole = Vec::new();
+    for i in 1..=5 {
+        hole.push(fake.add(&mut room, "m.room.message", None, &mallory, text(&format!("hole {i}"))).1);
+    }
+    let (kick_id, kick) = fake.add(
+        &mut room,
+        "m.room.member",
+        Some(&alice.user_id),
+        &mallory,
+        json!({ "membership": "leave" }),
+    );
+    hole.push(kick);
+    for i in 7..=10 {
+        hole.push(fake.add(&mut room, "m.room.message", None, &mallory, text(&format!("hole {i}"))).1);
+    }
+    let state_after: Vec<String> = room.state_events().iter().map(pdu::event_id).collect();
+    let mut auth_chain = state_before.clone();
+    auth_chain.extend(state_after.iter().cloned());
+    let (top_id, top) = fake.add(&mut room, "m.room.message", None, &mallory, text("after the hole"));
+    let top_query = format!("event_id={}", enc(&top_id));
+    fake.answer_with("GET", &format!("/_matrix/federation/v1/state_ids/{r}"), move |req: &Received| {
+        let ids = if req.query.contains(&top_query) { &state_after } else { &state_before };
+        Some((200, json!({ "pdu_ids": ids, "auth_chain_ids": auth_chain })))
+    });
+    backfill_pages(&fake, &r, hole.clone(), 100);
+    for event in &hole {
+        let path = format!("/_matrix/federation/v1/event/{}", pdu::event_id(event));
+        fake.answer("GET", &path, 200, pdus_answer(&fake, &[event]));
+    }
+
+    let (status, results) = fake.send_txn(&seq, "after-outage", &[&top]).await;
+    assert_eq!((status, &results["pdus"][&top_id]), (200, &json!({})), "{results}");
+    assert!(joined_rooms(&seq, &alice).await.is_empty());
+    let (got, _) =
+        seq.server.get(&room_path(&r, &format!("/event/{}", enc(&top_id))), Some(&alice.token)).await;
+    assert_eq!(got, 404, "the event after the hole is past her stay");
+    assert_eq!(joined_members(&seq, &bob, &r).await.len(), 2, "bob and mallory");
+
+    let bob_reads = all_bodies(&seq, &bob, &r, "f").await;
+    let mut everything: Vec<String> = (1..=10).filter(|i| *i != 6).map(|i| format!("hole {i}")).collect();
+    everything.push("after the hole".into());
+    assert_eq!(bob_reads, everything, "{}", seq.server.log());
+    let alice_reads = all_bodies(&seq, &alice, &r, "b").await;
+    assert_eq!(alice_reads, everything[..5], "alice reads up to her kick");
+    for (id, status) in [(pdu::event_id(&hole[2]), 200), (kick_id, 200), (pdu::event_id(&hole[7]), 404)] {
+        let (got, body) =
+            seq.server.get(&room_path(&r, &format!("/event/{}", enc(&id))), Some(&alice.token)).await;
+        assert_eq!(got, status, "{id}: {body}");
+    }
+    let (got, _) =
+        seq.server.get(&room_path(&r, &format!("/event/{}", enc(&top_id))), Some(&alice.token)).await;
+    assert_eq!(got, 404, "the event after the hole is past her stay");
 }

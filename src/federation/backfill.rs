@@ -111,41 +111,81 @@ pub async fn fill_below(state: &AppState, room_id: &RoomId, readable_from: i64) 
     if readable_from >= bottom {
         return Ok(false);
     }
-    let missing: Vec<OwnedEventId> = missing
+    let Some((server, rules, batch)) = fetch_from_any(state, room_id, bottom, &missing).await? else {
+        return Ok(false);
+    };
+    let placed = crate::room::backfill::place(state, room, &rules, &batch).await?;
+    tracing::info!(%room_id, %server, placed, "backfilled");
+    Ok(placed > 0)
+}
+
+/// Fills the hole in `room_id`'s line recorded at `upper` (the event there
+/// names `missing`, which we lack) from another server in the room, when a
+/// reader pages into it: the batch is placed just below `upper`
+/// (`room::hole`), and what it still lacks stays recorded below it. Answers
+/// whether anything was placed. Events no server could give are dead ends
+/// for an hour, as below the bottom.
+pub async fn fill_hole(state: &AppState, room_id: &RoomId, upper: i64, missing: &[String]) -> Result<bool> {
+    if state.settings.federation.is_none() {
+        return Ok(false);
+    }
+    let room = room_id.as_str();
+    let lock = state.backfills.room_lock(room);
+    let _guard = lock.lock().await;
+    let Some((server, rules, batch)) = fetch_from_any(state, room_id, upper, missing).await? else {
+        return Ok(false);
+    };
+    let placed = crate::room::hole::place(state, room, &rules, &batch, missing).await?;
+    tracing::info!(%room_id, %server, placed, "filled a hole in the line");
+    Ok(placed > 0)
+}
+
+/// The first usable batch of the history before `missing` (the events
+/// named at position `upper` that we lack) from up to [`MAX_SERVERS`]
+/// servers of the room, with the server and the room's rules. `None` when
+/// every event wanted is a dead end or no server gave anything usable (the
+/// events wanted become dead ends then).
+async fn fetch_from_any(
+    state: &AppState,
+    room_id: &RoomId,
+    upper: i64,
+    missing: &[String],
+) -> Result<Option<(OwnedServerName, RoomVersionRules, Batch)>> {
+    let wanted: Vec<OwnedEventId> = missing
         .iter()
         .filter(|id| !state.backfills.is_dead(id))
         .filter_map(|id| OwnedEventId::try_from(id.as_str()).ok())
         .collect();
-    if missing.is_empty() {
-        return Ok(false);
+    if wanted.is_empty() {
+        return Ok(None);
     }
     let view = crate::room::read::open(state, room_id).await?;
     let rules = view.rules.clone();
-    let servers: Vec<OwnedServerName> = storage::federation::servers_in_room(&state.db, room)
-        .await?
-        .into_iter()
-        .filter(|s| *s != state.settings.server_name.as_str())
-        .filter_map(|s| OwnedServerName::try_from(s).ok())
-        .collect();
-    for server in servers.iter().take(MAX_SERVERS) {
+    for server in other_servers(state, room_id.as_str()).await?.into_iter().take(MAX_SERVERS) {
         let fetched =
-            tokio::time::timeout(SERVER_TIMEOUT, fetch(state, server, room_id, &rules, bottom, &missing))
+            tokio::time::timeout(SERVER_TIMEOUT, fetch(state, &server, room_id, &rules, upper, &wanted))
                 .await;
         match fetched {
-            Ok(Ok(Some(batch))) => {
-                let placed = crate::room::backfill::place(state, room, &rules, &batch).await?;
-                tracing::info!(%room_id, %server, placed, "backfilled");
-                return Ok(placed > 0);
-            }
+            Ok(Ok(Some(batch))) => return Ok(Some((server, rules, batch))),
             Ok(Ok(None)) => tracing::info!(%room_id, %server, "backfill: nothing usable"),
             Ok(Err(e)) => tracing::info!(%room_id, %server, "backfill failed: {e}"),
             Err(_) => tracing::info!(%room_id, %server, "backfill timed out"),
         }
     }
-    for id in &missing {
+    for id in &wanted {
         state.backfills.mark_dead(id.as_str());
     }
-    Ok(false)
+    Ok(None)
+}
+
+/// The servers in `room` other than this one.
+async fn other_servers(state: &AppState, room: &str) -> Result<Vec<OwnedServerName>> {
+    Ok(storage::federation::servers_in_room(&state.db, room)
+        .await?
+        .into_iter()
+        .filter(|s| *s != state.settings.server_name.as_str())
+        .filter_map(|s| OwnedServerName::try_from(s).ok())
+        .collect())
 }
 
 /// What one server gives of the history below `missing`, checked; `None`

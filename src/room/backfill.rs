@@ -38,8 +38,9 @@ pub struct Filled {
 
 /// A checked batch, ready to place.
 pub struct Batch {
-    /// The room's lowest position when the batch was fetched: placing is
-    /// given up (nothing written) if another backfill moved it meanwhile.
+    /// The room's lowest position when the batch was fetched (for a hole,
+    /// the position of the event above it): placing is given up (nothing
+    /// written) if another backfill moved it meanwhile.
     pub bottom: i64,
     /// The events, parents before children (the lowest position first).
     pub events: Vec<Filled>,
@@ -49,7 +50,7 @@ pub struct Batch {
     pub known: HashMap<OwnedEventId, Pdu>,
 }
 
-fn membership_of(known: &HashMap<OwnedEventId, Pdu>, id: &OwnedEventId) -> String {
+pub(super) fn membership_of(known: &HashMap<OwnedEventId, Pdu>, id: &OwnedEventId) -> String {
     known
         .get(id)
         .and_then(|p| p.content_as::<serde_json::Value>())
@@ -79,13 +80,29 @@ pub async fn place(state: &AppState, room: &str, rules: &RoomVersionRules, batch
         p = position::below(p).ok_or_else(|| Error::Internal(format!("no room left below {room}'s line")))?;
         *slot = p;
     }
-    let now = storage::now_ms();
+    insert_events(&mut tx, room, batch, &positions).await?;
+    write_states(&mut tx, room, batch, &positions).await?;
+    write_rows(&mut tx, room, batch, &positions).await?;
+    apply_redactions(state, &mut tx, room, rules, batch).await?;
+    store::bump_read_epoch(tx.conn(), room).await?;
+    tx.commit().await?;
+    Ok(n)
+}
 
+/// Holds the batch's fetched events as outliers and places its events at
+/// `positions` (rows and edges; no state rows, no current state): what a
+/// batch below the bottom and one in a hole both write first.
+pub(super) async fn insert_events(
+    tx: &mut storage::RoomTx,
+    room: &str,
+    batch: &Batch,
+    positions: &[i64],
+) -> Result<()> {
+    let now = storage::now_ms();
     for pdu in &batch.outliers {
         super::remote::hold(tx.conn(), room, pdu, now).await?;
     }
-
-    for (filled, &seq) in batch.events.iter().zip(&positions) {
+    for (filled, &seq) in batch.events.iter().zip(positions) {
         let pdu = &filled.pdu;
         // An old state event held since the join (an outlier) is placed now.
         outliers::remove(tx.conn(), pdu.event_id.as_str()).await?;
@@ -116,13 +133,7 @@ pub async fn place(state: &AppState, room: &str, rules: &RoomVersionRules, batch
         )
         .await?;
     }
-
-    write_states(&mut tx, room, batch, &positions).await?;
-    write_rows(&mut tx, room, batch, &positions).await?;
-    apply_redactions(state, &mut tx, room, rules, batch).await?;
-    store::bump_read_epoch(tx.conn(), room).await?;
-    tx.commit().await?;
-    Ok(n)
+    Ok(())
 }
 
 /// The state after each new position: the whole state at the lowest (there
@@ -191,7 +202,7 @@ async fn write_rows(tx: &mut storage::RoomTx, room: &str, batch: &Batch, positio
 /// Redactions among the new events whose target is held are applied (when
 /// their sender may redact it); the others wait for their target. New events
 /// that redactions placed earlier were waiting for are redacted now.
-async fn apply_redactions(
+pub(super) async fn apply_redactions(
     state: &AppState,
     tx: &mut storage::RoomTx,
     room: &str,

@@ -12,6 +12,7 @@ pub mod directory;
 pub mod fields;
 pub mod format;
 pub mod history;
+pub mod hole;
 pub mod joins;
 pub mod membership;
 pub mod pdu;

@@ -54,6 +54,29 @@ pub fn between(a: i64, b: i64) -> Option<i64> {
     (gap >= 2).then(|| a + gap / 2)
 }
 
+/// `n` ascending positions strictly between `a` and `b`, packed just below
+/// `b`: a hole in the line is filled from its top down (backfill pages back
+/// into it), so each batch keeps most of the room below it for the next
+/// one: a batch takes about a 64th of the gap (the spacing at least 1, at
+/// most [`STEP`]), so a hole between two neighbours placed at the head
+/// takes tens of thousands of events.
+/// `None` when fewer than `n` positions lie between them.
+pub fn just_below(a: i64, b: i64, n: usize) -> Option<Vec<i64>> {
+    let gap = b.checked_sub(a)?;
+    let count = i64::try_from(n).ok()?;
+    if count == 0 {
+        return Some(Vec::new());
+    }
+    let mut spacing = (gap / count.saturating_add(1).saturating_mul(64)).clamp(1, STEP);
+    if count.saturating_mul(spacing) >= gap {
+        spacing = 1;
+    }
+    if count >= gap {
+        return None;
+    }
+    Some((0..count).map(|i| b - (count - i) * spacing).collect())
+}
+
 /// The position the migration to sparse positions (migration 0020) gave the
 /// event at dense seq `seq` (1, 2, 3, ...): `ORIGIN + (seq - 1)·STEP`, so the
 /// create event stays at [`first`] and each later one a [`STEP`] above.
@@ -69,6 +92,27 @@ pub fn from_dense(seq: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hole_is_filled_from_its_top_and_keeps_room_below() {
+        let (a, b) = (ORIGIN, ORIGIN + STEP);
+        let first = just_below(a, b, 100).unwrap();
+        assert_eq!(first.len(), 100);
+        assert!(first.windows(2).all(|w| w[0] < w[1]));
+        assert!(a < first[0] && *first.last().unwrap() < b);
+        // Batch after batch into what is left below: thousands of events fit.
+        let (mut top, mut placed) = (first[0], 100);
+        while let Some(next) = just_below(a, top, 100) {
+            assert!(a < next[0] && *next.last().unwrap() < top);
+            top = next[0];
+            placed += 100;
+        }
+        assert!(placed > 20_000, "{placed}");
+        // Neighbours leave no room; exactly enough room is used whole.
+        assert_eq!(just_below(5, 6, 1), None);
+        assert_eq!(just_below(5, 8, 2), Some(vec![6, 7]));
+        assert_eq!(just_below(5, 8, 0), Some(vec![]));
+    }
 
     #[test]
     fn the_head_moves_by_step_from_the_origin() {

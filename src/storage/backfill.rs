@@ -6,6 +6,7 @@
 use sqlx::AnyConnection;
 
 use super::Db;
+use super::memberships::Range;
 use crate::error::Result;
 
 /// How many of the lowest placed events are looked at for missing prevs (a
@@ -13,8 +14,9 @@ use crate::error::Result;
 const BOTTOM_EVENTS: i64 = 20;
 
 /// The room's lowest placed position and the `prev_events` of its lowest
-/// events that are not placed (outliers count as not placed): where history
-/// continues below what this server has on its line. `None` for a room with
+/// events that are not placed (outliers count as not placed) nor what a
+/// hole in the middle lacks: where history continues below what this
+/// server has on its line. `None` for a room with
 /// no events.
 pub async fn bottom(db: &Db, room_id: &str) -> Result<Option<(i64, Vec<String>)>> {
     let mut conn = db.pool.acquire().await?;
@@ -40,6 +42,14 @@ pub async fn bottom_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Option
     .bind(BOTTOM_EVENTS)
     .fetch_all(&mut *conn)
     .await?;
+    // What a hole in the middle lacks is not history below the bottom.
+    let holes: Vec<String> = sqlx::query_scalar("SELECT missing_prevs FROM timeline_gaps WHERE room_id = $1")
+        .bind(room_id)
+        .fetch_all(&mut *conn)
+        .await?;
+    let in_holes: std::collections::HashSet<String> =
+        holes.iter().flat_map(|m| serde_json::from_str::<Vec<String>>(m).unwrap_or_default()).collect();
+    let missing = missing.into_iter().filter(|id| !in_holes.contains(id)).collect();
     Ok(Some((lowest, missing)))
 }
 
@@ -77,20 +87,8 @@ pub async fn insert_row(
     min: i64,
     max: Option<i64>,
 ) -> Result<()> {
-    let server_name = user_id.split_once(':').map_or("", |(_, server)| server);
-    sqlx::query(
-        "INSERT INTO memberships (room_id, user_id, kind, min_seq, max_seq, window_seq, server_name) \
-         VALUES ($1, $2, $3, $4, $5, $4, $6)",
-    )
-    .bind(room_id)
-    .bind(user_id)
-    .bind(kind)
-    .bind(min)
-    .bind(max)
-    .bind(server_name)
-    .execute(conn)
-    .await?;
-    Ok(())
+    let row = Range { kind: kind.to_owned(), min_seq: min, max_seq: max, window_seq: min };
+    put_row(conn, room_id, user_id, &row).await
 }
 
 /// Makes every reader work out the room's read inputs again (its
@@ -167,4 +165,139 @@ pub async fn add_gap(
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// The holes recorded in `room_id` at positions in `lo..=hi`, as (position,
+/// missing prev events), highest first.
+pub async fn gaps_between(db: &Db, room_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, Vec<String>)>> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT seq, missing_prevs FROM timeline_gaps WHERE room_id = $1 AND seq >= $2 AND seq <= $3 \
+         ORDER BY seq DESC LIMIT 100",
+    )
+    .bind(room_id)
+    .bind(lo)
+    .bind(hi)
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(seq, missing)| (seq, serde_json::from_str(&missing).unwrap_or_default()))
+        .collect())
+}
+
+/// The missing prev events of the hole recorded at `seq`, `None` when
+/// there is none (filled meanwhile).
+pub async fn gap_tx(conn: &mut AnyConnection, room_id: &str, seq: i64) -> Result<Option<Vec<String>>> {
+    let missing: Option<String> =
+        sqlx::query_scalar("SELECT missing_prevs FROM timeline_gaps WHERE room_id = $1 AND seq = $2")
+            .bind(room_id)
+            .bind(seq)
+            .fetch_optional(conn)
+            .await?;
+    Ok(missing.map(|m| serde_json::from_str(&m).unwrap_or_default()))
+}
+
+/// Forgets the hole recorded at `seq` (filled, or moved down).
+pub async fn remove_gap(conn: &mut AnyConnection, room_id: &str, seq: i64) -> Result<()> {
+    sqlx::query("DELETE FROM timeline_gaps WHERE room_id = $1 AND seq = $2")
+        .bind(room_id)
+        .bind(seq)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The highest placed position of `room_id` below `seq`.
+pub async fn position_below(conn: &mut AnyConnection, room_id: &str, seq: i64) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT MAX(seq) FROM events WHERE room_id = $1 AND seq < $2")
+        .bind(room_id)
+        .bind(seq)
+        .fetch_one(conn)
+        .await?)
+}
+
+/// `user_id`'s row that holds position `at` and goes on past it (`None`:
+/// the user had no join, invite or knock there, or it ended at `at`).
+pub async fn row_through(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    user_id: &str,
+    at: i64,
+) -> Result<Option<Range>> {
+    row_where(conn, room_id, user_id, at, "min_seq <= $3 AND (max_seq IS NULL OR max_seq > $3)").await
+}
+
+/// `user_id`'s row that starts at position `at`.
+pub async fn row_starting(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    user_id: &str,
+    at: i64,
+) -> Result<Option<Range>> {
+    row_where(conn, room_id, user_id, at, "min_seq = $3").await
+}
+
+/// `user_id`'s latest row meeting `condition` (on `$3` = `at`).
+async fn row_where(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    user_id: &str,
+    at: i64,
+    condition: &'static str,
+) -> Result<Option<Range>> {
+    let sql = format!(
+        "SELECT kind, min_seq, max_seq, window_seq FROM memberships \
+         WHERE room_id = $1 AND user_id = $2 AND {condition} ORDER BY min_seq DESC LIMIT 1"
+    );
+    let row: Option<(String, i64, Option<i64>, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(room_id)
+        .bind(user_id)
+        .bind(at)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(kind, min_seq, max_seq, window_seq)| Range { kind, min_seq, max_seq, window_seq }))
+}
+
+/// Removes `user_id`'s row `row` (matched by kind and start).
+pub async fn delete_row(conn: &mut AnyConnection, room_id: &str, user_id: &str, row: &Range) -> Result<()> {
+    sqlx::query("DELETE FROM memberships WHERE room_id = $1 AND user_id = $2 AND kind = $3 AND min_seq = $4")
+        .bind(room_id)
+        .bind(user_id)
+        .bind(&row.kind)
+        .bind(row.min_seq)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Adds `row` for `user_id`, its window kept.
+pub async fn put_row(conn: &mut AnyConnection, room_id: &str, user_id: &str, row: &Range) -> Result<()> {
+    let server_name = user_id.split_once(':').map_or("", |(_, server)| server);
+    sqlx::query(
+        "INSERT INTO memberships (room_id, user_id, kind, min_seq, max_seq, window_seq, server_name) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(room_id)
+    .bind(user_id)
+    .bind(&row.kind)
+    .bind(row.min_seq)
+    .bind(row.max_seq)
+    .bind(row.window_seq)
+    .bind(server_name)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The state key of the member event placed at `seq` (`None` when the
+/// event there is no member event).
+pub async fn member_at(conn: &mut AnyConnection, room_id: &str, seq: i64) -> Result<Option<String>> {
+    let key: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT state_key FROM events WHERE room_id = $1 AND seq = $2 AND event_type = 'm.room.member'",
+    )
+    .bind(room_id)
+    .bind(seq)
+    .fetch_optional(conn)
+    .await?;
+    Ok(key.flatten())
 }

@@ -188,6 +188,30 @@ pub async fn set_current(
     Ok(())
 }
 
+/// Lists (type, state key) among the keys the state readers visit, with no
+/// current event ([`ABSENT`]) when the room has no row for it yet: a key
+/// that history placed below the head holds and the current state lacks.
+pub async fn register_key(
+    conn: &mut AnyConnection,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+    seq: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO room_state (room_id, event_type, state_key, event_id, membership, seq) \
+         VALUES ($1, $2, $3, $4, NULL, $5) ON CONFLICT (room_id, event_type, state_key) DO NOTHING",
+    )
+    .bind(room_id)
+    .bind(event_type)
+    .bind(state_key)
+    .bind(ABSENT)
+    .bind(seq)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// The current state event for (type, state key), inside a transaction.
 pub async fn current_state_event(
     conn: &mut AnyConnection,

@@ -132,11 +132,26 @@ async fn messages(state: AppState, req: Ruma<get_message_events::v3::Request>) -
     // have yet may lie below it (a room joined over federation), fetched
     // from other servers, placed, and read with the user's ranges worked
     // out again (the placed history carries its own visibility).
+    // A page that crosses a hole in the middle of the line (an event
+    // placed across it after an outage) has it filled first, the same way.
     for _ in 0..MAX_BACKFILLS {
+        let filled =
+            match crate::room::hole::crossed(&state.db, &b.room_id, &access, &page, from, dir).await? {
+                Some((upper, missing)) => {
+                    crate::federation::backfill::fill_hole(&state, &b.room_id, upper, &missing).await?
+                }
+                None => false,
+            };
         let short = page.next.is_none() && page.events.len() < limit && dir == Dir::Backward;
-        let Some(first) = access.ranges.first().filter(|_| short) else { break };
-        let readable_from = to.map_or(first, |t| first.max(t.saturating_add(1)));
-        if !crate::federation::backfill::fill_below(&state, &b.room_id, readable_from).await? {
+        let filled = filled
+            || match access.ranges.first().filter(|_| short) {
+                Some(first) => {
+                    let readable_from = to.map_or(first, |t| first.max(t.saturating_add(1)));
+                    crate::federation::backfill::fill_below(&state, &b.room_id, readable_from).await?
+                }
+                None => false,
+            };
+        if !filled {
             break;
         }
         view = read::open(&state, &b.room_id).await?;

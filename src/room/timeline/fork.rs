@@ -524,6 +524,12 @@ impl RoomWriter {
             None if is_member => Some("leave".to_owned()),
             None => None,
         };
+        // The membership before, read before the current state moves (a key
+        // this write has not read yet comes from `room_state`).
+        let old = match is_member {
+            true => Some(self.membership(state_key).await?.unwrap_or_else(|| "leave".to_owned())),
+            false => None,
+        };
         state_runs::record(self.tx.conn(), &room, kind, state_key, seq, id).await?;
         let stored_membership = if event.is_some() { new.as_deref() } else { None };
         events::set_current(
@@ -536,9 +542,8 @@ impl RoomWriter {
             seq,
         )
         .await?;
-        let members = match &new {
-            Some(new) => {
-                let old = self.membership(state_key).await?.unwrap_or_else(|| "leave".to_owned());
+        let members = match (&new, old) {
+            (Some(new), Some(old)) => {
                 if old != *new {
                     let ends_at = if own { seq } else { seq - 1 };
                     for kind in super::RANGE_KINDS {
@@ -560,7 +565,7 @@ impl RoomWriter {
                 }
                 Some((old, new.clone()))
             }
-            None => None,
+            _ => None,
         };
         crate::room::directory::track_state(
             self.tx.conn(),
