@@ -127,3 +127,18 @@ pub fn message_bodies(page: &Value) -> Vec<String> {
     out.reverse();
     out
 }
+
+/// The ids of `room`'s joined members as `user` reads them
+/// (`/joined_members`), sorted.
+pub async fn joined_member_ids(
+    server: &crate::harness::Server,
+    user: &crate::harness::User,
+    room: &str,
+) -> Vec<String> {
+    let (status, body) = server.get(&room_path(room, "/joined_members"), Some(&user.token)).await;
+    assert_eq!(status, 200, "{body}");
+    let mut members: Vec<String> =
+        body["joined"].as_object().into_iter().flat_map(|m| m.keys().cloned()).collect();
+    members.sort_unstable();
+    members
+}

@@ -51,11 +51,7 @@ async fn joined_rooms(seq: &FedServer, user: &User) -> Vec<String> {
 }
 
 async fn joined_members(seq: &FedServer, user: &User, room: &str) -> Vec<String> {
-    let (status, body) = seq.server.get(&room_path(room, "/joined_members"), Some(&user.token)).await;
-    assert_eq!(status, 200, "{body}");
-    let mut members: Vec<String> = body["joined"].as_object().unwrap().keys().cloned().collect();
-    members.sort_unstable();
-    members
+    complement_tests::api::joined_member_ids(&seq.server, user, room).await
 }
 
 async fn message_bodies(seq: &FedServer, user: &User, room: &str) -> Vec<String> {

@@ -8,7 +8,7 @@ use std::future::Future;
 use axum::Router;
 use axum::extract::{FromRequest, OriginalUri, Request, State};
 use axum::response::IntoResponse;
-use axum::routing::{MethodFilter, on};
+use axum::routing::{MethodFilter, on, put};
 use ruma::api::auth_scheme::NoAuthentication;
 use ruma::api::federation::authentication::{ServerSignatures, XMatrix, XMatrixExtractError};
 use ruma::api::federation::discovery::{
@@ -20,6 +20,7 @@ use ruma::api::{IncomingRequest, Metadata};
 use ruma::{OwnedServerName, ServerName, UserId};
 
 mod rooms;
+mod v1;
 
 use super::extract::RumaResponse;
 use crate::error::{Error, Result};
@@ -62,26 +63,62 @@ where
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self> {
-        let (mut parts, body) = req.into_parts();
-        let path_args = super::extract::path_args(&mut parts, state).await?;
-        // A transaction may hold 50 PDUs of up to 64 KiB and 100 EDUs.
-        let limit = state.settings.max_request_body_bytes.max(MAX_FEDERATION_BODY_BYTES);
-        let bytes = super::extract::limited_body_to(state, &parts, body, limit).await?;
-        // The same body rules as the client API (UTF-8 JSON, no duplicate
-        // keys, bounded nesting and numbers), checked before the signature.
-        if !bytes.is_empty() {
-            super::extract::check_json(&bytes)?;
-        }
-        let origin = if <T::Authentication as FederationAuth>::SIGNED {
-            let origin = authenticate(state, &parts, &bytes).await?;
-            // It reached us: whatever we queued for it may go now.
-            crate::federation::sender::contact_from(state, &origin).await;
-            Some(origin)
-        } else {
-            None
-        };
+        let (parts, path_args, bytes, origin) =
+            read(req, state, <T::Authentication as FederationAuth>::SIGNED).await?;
         let body = super::extract::parse_request::<T>(parts, &bytes, &path_args, false)?;
         Ok(Self { body, origin })
+    }
+}
+
+/// A federation request's parts, path parameters, body (JSON by the client
+/// API's rules when not empty) and, when `signed`, the server that signed it.
+async fn read(
+    req: Request,
+    state: &AppState,
+    signed: bool,
+) -> Result<(http::request::Parts, Vec<String>, axum::body::Bytes, Option<OwnedServerName>)> {
+    let (mut parts, body) = req.into_parts();
+    let path_args = super::extract::path_args(&mut parts, state).await?;
+    // A transaction may hold 50 PDUs of up to 64 KiB and 100 EDUs.
+    let limit = state.settings.max_request_body_bytes.max(MAX_FEDERATION_BODY_BYTES);
+    let bytes = super::extract::limited_body_to(state, &parts, body, limit).await?;
+    // The same body rules as the client API (UTF-8 JSON, no duplicate
+    // keys, bounded nesting and numbers), checked before the signature.
+    if !bytes.is_empty() {
+        super::extract::check_json(&bytes)?;
+    }
+    let origin = if signed {
+        let origin = authenticate(state, &parts, &bytes).await?;
+        // It reached us: whatever we queued for it may go now.
+        crate::federation::sender::contact_from(state, &origin).await;
+        Some(origin)
+    } else {
+        None
+    };
+    Ok((parts, path_args, bytes, origin))
+}
+
+/// A signed federation request taken raw, for the endpoints ruma has no
+/// server side for (the v1 membership endpoints): the authenticated origin,
+/// the path's parameters (decoded) and the JSON body, checked as
+/// [`Federation`]'s.
+#[derive(Debug)]
+pub struct Signed {
+    /// The server that signed it.
+    pub origin: OwnedServerName,
+    /// The path parameters, in order.
+    pub args: Vec<String>,
+    /// The body (JSON, the client API's rules).
+    pub body: axum::body::Bytes,
+}
+
+impl FromRequest<AppState> for Signed {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self> {
+        let (_, args, body, origin) = read(req, state, true).await?;
+        let origin = origin.ok_or_else(|| Error::Unauthorized("The request is not signed".into()))?;
+        Ok(Self { origin, args, body })
     }
 }
 
@@ -157,6 +194,10 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, rooms::send_leave);
     let router = route(router, rooms::send_transaction);
     let router = route(router, rooms::invite);
+    let router = router
+        .route("/_matrix/federation/v1/send_join/{room_id}/{event_id}", put(v1::send_join))
+        .route("/_matrix/federation/v1/send_leave/{room_id}/{event_id}", put(v1::send_leave))
+        .route("/_matrix/federation/v1/invite/{room_id}/{event_id}", put(v1::invite));
     let router = route(router, rooms::public_rooms);
     let router = route(router, rooms::public_rooms_filtered);
     let router = route(router, rooms::event);
