@@ -9,4 +9,5 @@ pub mod fake;
 pub mod federation;
 pub mod harness;
 pub mod pdu;
+pub mod side;
 pub mod synapse;

@@ -14,48 +14,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use complement_tests::api::{V3, create_room, enc, eventually, room_path};
 use complement_tests::backend_tests;
 use complement_tests::federation::FedServer;
-use complement_tests::harness::{Backend, User};
+use complement_tests::harness::Backend;
+use complement_tests::side::Side;
 use complement_tests::synapse::{Synapse, SynapseOptions};
-use serde_json::{Value, json};
+use serde_json::json;
 
 backend_tests!(three_servers_writing_at_once_converge);
 
-/// One user on one server, as the test drives it.
-enum Side<'a> {
-    Seqline(&'a FedServer, &'a User),
-    Synapse(&'a Synapse, &'a str),
+/// What the test reads of a side.
+trait Reads {
+    async fn timeline(&self, room: &str) -> Vec<(String, String)>;
+    async fn state(&self, room: &str) -> BTreeMap<(String, String), String>;
+    async fn has_all(&self, room: &str, bodies: &[String]) -> bool;
 }
 
-impl Side<'_> {
-    async fn get(&self, path: &str) -> (u16, Value) {
-        match self {
-            Side::Seqline(server, user) => server.server.get(path, Some(&user.token)).await,
-            Side::Synapse(server, token) => server.get(path, Some(token)).await,
-        }
-    }
-
-    async fn put(&self, path: &str, body: Value) -> (u16, Value) {
-        match self {
-            Side::Seqline(server, user) => server.server.put(path, Some(&user.token), body).await,
-            Side::Synapse(server, token) => server.put(path, Some(token), body).await,
-        }
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        match self {
-            Side::Seqline(server, user) => server.server.post(path, Some(&user.token), body).await,
-            Side::Synapse(server, token) => server.post(path, Some(token), body).await,
-        }
-    }
-
-    /// Sends a message; answers its event id.
-    async fn say(&self, room: &str, txn: &str, body: &str) -> String {
-        let path = room_path(room, &format!("/send/m.room.message/{txn}"));
-        let (status, sent) = self.put(&path, json!({ "msgtype": "m.text", "body": body })).await;
-        assert_eq!(status, 200, "{sent}");
-        sent["event_id"].as_str().unwrap().to_owned()
-    }
-
+impl Reads for Side<'_> {
     /// The room's events as this user pages back from the end (event id,
     /// body or type), newest last.
     async fn timeline(&self, room: &str) -> Vec<(String, String)> {

@@ -371,16 +371,16 @@ fn parents_first(batch: Vec<Pdu>) -> Vec<Pdu> {
 pub type PduResults = BTreeMap<OwnedEventId, std::result::Result<(), String>>;
 
 /// Handles `PUT /send/{txnId}` from `origin`: a transaction seen before gets
-/// the answer it got then; otherwise each PDU is handled in order (EDUs are
-/// not taken yet) and the answer is remembered.
+/// the answer it got then; otherwise each PDU is handled in order, then the
+/// EDUs (`edus::receive`, each on its own), and the answer is remembered.
 pub async fn transaction(
     state: &AppState,
     origin: &ServerName,
     txn_id: &str,
     pdus: &[Box<RawJsonValue>],
-    edus: usize,
+    edus: &[&RawJsonValue],
 ) -> Result<PduResults> {
-    if pdus.len() > MAX_PDUS || edus > MAX_EDUS {
+    if pdus.len() > MAX_PDUS || edus.len() > MAX_EDUS {
         return Err(Error::BadJson(format!(
             "A transaction holds at most {MAX_PDUS} PDUs and {MAX_EDUS} EDUs"
         )));
@@ -404,6 +404,7 @@ pub async fn transaction(
             results.insert(id, result.map_err(|e| e.to_string()));
         }
     }
+    super::edus::receive(state, origin, edus).await;
     let saved: BTreeMap<&OwnedEventId, Option<&String>> =
         results.iter().map(|(id, r)| (id, r.as_ref().err())).collect();
     let saved = serde_json::to_string(&saved).map_err(|e| Error::Internal(e.to_string()))?;

@@ -6,6 +6,7 @@
 
 pub mod acl;
 pub mod backfill;
+pub mod edus;
 pub mod incoming;
 pub mod invites;
 pub mod joining;

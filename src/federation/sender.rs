@@ -1,8 +1,9 @@
 //! The outgoing side of federation: our events go to every server in their
 //! room through a durable queue per destination (`fed_outbox`, written in
 //! the transaction that stores the event, so nothing committed is lost to a
-//! crash). One task per destination sends transactions of at most
-//! [`MAX_PDUS`] events; a failed transaction is retried with the same id and
+//! crash), our EDUs through another (`fed_edu_outbox`, see `edus`). One task
+//! per destination sends transactions of at most [`MAX_PDUS`] events and
+//! [`MAX_EDUS`] EDUs; a failed transaction is retried with the same id and
 //! the same events after a backoff that doubles per failure (from
 //! [`FIRST_BACKOFF_MS`] up to [`MAX_BACKOFF_MS`]) and is forgotten as soon as
 //! the destination proves reachable (it answers, or it calls us). A
@@ -22,6 +23,9 @@ use crate::storage::{self, federation as store};
 
 /// Most PDUs in one transaction (the spec's limit).
 pub const MAX_PDUS: i64 = 50;
+
+/// Most EDUs in one transaction (the spec's limit).
+pub const MAX_EDUS: i64 = 100;
 
 /// The first wait after a failure.
 const FIRST_BACKOFF_MS: i64 = 2_000;
@@ -143,7 +147,8 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
             return Err(now + FIRST_BACKOFF_MS);
         }
     }
-    let (txn_id, queued) = match store::next_transaction(&state.db, destination.as_str(), MAX_PDUS).await {
+    let next = store::next_transaction(&state.db, destination.as_str(), MAX_PDUS, MAX_EDUS).await;
+    let store::Outgoing { txn_id, pdus: queued, edus } = match next {
         Ok(Some(next)) => next,
         Ok(None) => return Ok(false),
         Err(e) => {
@@ -176,6 +181,16 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
         MilliSecondsSinceUnixEpoch(UInt::try_from(now).unwrap_or_default()),
     );
     request.pdus = pdus;
+    request.edus = edus
+        .into_iter()
+        .filter_map(|json| match serde_json::value::RawValue::from_string(json) {
+            Ok(raw) => Some(ruma::serde::Raw::from_json(raw)),
+            Err(e) => {
+                tracing::error!("queued EDU is not JSON: {e}");
+                None
+            }
+        })
+        .collect();
     match super::send(state, destination, request).await {
         Ok(response) => {
             for (event_id, result) in &response.pdus {

@@ -88,21 +88,59 @@ pub async fn enqueue(
 
 /// The destinations with something queued.
 pub async fn destinations_with_work(db: &Db) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("SELECT DISTINCT destination FROM fed_outbox").fetch_all(&mut db.reader()).await?)
+    Ok(sqlx::query_scalar("SELECT destination FROM fed_outbox UNION SELECT destination FROM fed_edu_outbox")
+        .fetch_all(&mut db.reader())
+        .await?)
+}
+
+/// Queues `edu` (its JSON) for each of `destinations`; what was queued
+/// under the same `ekey` and not yet taken into a transaction is replaced.
+pub async fn enqueue_edu(db: &Db, destinations: &[String], ekey: &str, edu: &str) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    for destination in destinations {
+        sqlx::query("DELETE FROM fed_edu_outbox WHERE destination = $1 AND ekey = $2 AND txn_id IS NULL")
+            .bind(destination)
+            .bind(ekey)
+            .execute(tx.conn())
+            .await?;
+        sqlx::query("INSERT INTO fed_edu_outbox (destination, ekey, edu) VALUES ($1, $2, $3)")
+            .bind(destination)
+            .bind(ekey)
+            .bind(edu)
+            .execute(tx.conn())
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// A transaction to send: its id, its events (room id, event id) and its
+/// EDUs (JSON), in queue order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The transaction id.
+    pub txn_id: String,
+    /// The events.
+    pub pdus: Vec<(String, String)>,
+    /// The EDUs.
+    pub edus: Vec<String>,
 }
 
 /// The transaction to send to `destination` next: the one already begun
-/// (a retry: same id, same events), else up to `limit` queued events, taken
-/// under a new id (the first row's id, never reused). `None` when nothing
-/// is queued. Events are (room id, event id), in queue order.
+/// (a retry: same id, same events and EDUs), else up to `limit` queued
+/// events and `edu_limit` queued EDUs, taken under a new id (the first
+/// event row's id, or `e` and the first EDU row's id; never reused). `None`
+/// when nothing is queued.
 pub async fn next_transaction(
     db: &Db,
     destination: &str,
     limit: i64,
-) -> Result<Option<(String, Vec<(String, String)>)>> {
+    edu_limit: i64,
+) -> Result<Option<Outgoing>> {
     let mut tx = db.begin_write().await?;
     let begun: Option<String> = sqlx::query_scalar(
-        "SELECT txn_id FROM fed_outbox WHERE destination = $1 AND txn_id IS NOT NULL ORDER BY id LIMIT 1",
+        "SELECT txn_id FROM (SELECT txn_id, id FROM fed_outbox WHERE destination = $1 AND txn_id IS NOT NULL \
+           UNION ALL SELECT txn_id, id FROM fed_edu_outbox WHERE destination = $1 AND txn_id IS NOT NULL) b \
+         ORDER BY id LIMIT 1",
     )
     .bind(destination)
     .fetch_optional(tx.conn())
@@ -110,47 +148,74 @@ pub async fn next_transaction(
     let txn_id = match begun {
         Some(id) => id,
         None => {
-            let ids: Vec<i64> = sqlx::query_scalar(
-                "SELECT id FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0",
-            )
-            .bind(destination)
-            .bind(limit)
-            .fetch_all(tx.conn())
-            .await?;
-            let (Some(first), Some(last)) = (ids.first(), ids.last()) else { return Ok(None) };
-            let txn_id = first.to_string();
-            sqlx::query(
-                "UPDATE fed_outbox SET txn_id = $1 WHERE destination = $2 AND txn_id IS NULL AND id >= $3 AND id <= $4",
-            )
-            .bind(&txn_id)
-            .bind(destination)
-            .bind(first)
-            .bind(last)
-            .execute(tx.conn())
-            .await?;
+            let pdu_ids = untaken(tx.conn(), "fed_outbox", destination, limit).await?;
+            let edu_ids = untaken(tx.conn(), "fed_edu_outbox", destination, edu_limit).await?;
+            let txn_id = match (pdu_ids.first(), edu_ids.first()) {
+                (Some(first), _) => first.to_string(),
+                (None, Some(first)) => format!("e{first}"),
+                (None, None) => return Ok(None),
+            };
+            take(tx.conn(), "fed_outbox", destination, &txn_id, &pdu_ids).await?;
+            take(tx.conn(), "fed_edu_outbox", destination, &txn_id, &edu_ids).await?;
             txn_id
         }
     };
-    let events: Vec<(String, String)> = sqlx::query_as(
+    let pdus: Vec<(String, String)> = sqlx::query_as(
         "SELECT room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
     )
     .bind(destination)
     .bind(&txn_id)
     .fetch_all(tx.conn())
     .await?;
+    let edus: Vec<String> = sqlx::query_scalar(
+        "SELECT edu FROM fed_edu_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
+    )
+    .bind(destination)
+    .bind(&txn_id)
+    .fetch_all(tx.conn())
+    .await?;
     tx.commit().await?;
-    Ok(Some((txn_id, events)))
+    Ok(Some(Outgoing { txn_id, pdus, edus }))
+}
+
+/// The ids of the first `limit` rows of `table` queued for `destination`
+/// and not taken into a transaction.
+async fn untaken(conn: &mut AnyConnection, table: &str, destination: &str, limit: i64) -> Result<Vec<i64>> {
+    let sql =
+        format!("SELECT id FROM {table} WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0");
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(destination).bind(limit).fetch_all(conn).await?)
+}
+
+/// Marks the rows `ids` (ascending) of `table` as taken into `txn_id`.
+async fn take(
+    conn: &mut AnyConnection,
+    table: &str,
+    destination: &str,
+    txn_id: &str,
+    ids: &[i64],
+) -> Result<()> {
+    let (Some(first), Some(last)) = (ids.first(), ids.last()) else { return Ok(()) };
+    let sql = format!(
+        "UPDATE {table} SET txn_id = $1 WHERE destination = $2 AND txn_id IS NULL AND id >= $3 AND id <= $4"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(txn_id)
+        .bind(destination)
+        .bind(first)
+        .bind(last)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// The destination accepted transaction `txn_id`: its rows go, and the
 /// destination's failures are forgotten.
 pub async fn transaction_sent(db: &Db, destination: &str, txn_id: &str) -> Result<()> {
     let mut tx = db.begin_write().await?;
-    sqlx::query("DELETE FROM fed_outbox WHERE destination = $1 AND txn_id = $2")
-        .bind(destination)
-        .bind(txn_id)
-        .execute(tx.conn())
-        .await?;
+    for table in ["fed_outbox", "fed_edu_outbox"] {
+        let sql = format!("DELETE FROM {table} WHERE destination = $1 AND txn_id = $2");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(destination).bind(txn_id).execute(tx.conn()).await?;
+    }
     sqlx::query("DELETE FROM fed_destinations WHERE server_name = $1")
         .bind(destination)
         .execute(tx.conn())

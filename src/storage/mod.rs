@@ -179,6 +179,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (30, "unread_candidates", include_str!("../../migrations/sqlite/0030_unread_candidates.sql")),
     (31, "fork_states", include_str!("../../migrations/sqlite/0031_fork_states.sql")),
     (32, "remote_knocks", include_str!("../../migrations/sqlite/0032_remote_knocks.sql")),
+    (35, "edu_outbox", include_str!("../../migrations/sqlite/0035_edu_outbox.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -213,6 +214,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (30, "unread_candidates", include_str!("../../migrations/postgres/0030_unread_candidates.sql")),
     (31, "fork_states", include_str!("../../migrations/postgres/0031_fork_states.sql")),
     (32, "remote_knocks", include_str!("../../migrations/postgres/0032_remote_knocks.sql")),
+    (35, "edu_outbox", include_str!("../../migrations/postgres/0035_edu_outbox.sql")),
 ];
 
 impl Db {

@@ -23,10 +23,54 @@ pub async fn update(
         return Ok(());
     }
     let reservation = state.streams.reserve();
-    state.presence.set(user.as_str(), presence, status_msg, crate::storage::now_ms(), reservation.pos);
+    state.presence.set(
+        user.as_str(),
+        presence,
+        status_msg.clone(),
+        crate::storage::now_ms(),
+        reservation.pos,
+    );
     reservation.finish(crate::streams::Change::Presence);
     let peers = super::room_peers(state, user).await?;
     state.notifier.wake(peers.iter().map(String::as_str));
+    let edu = crate::federation::edus::Outgoing::Presence {
+        user_id: user.to_owned(),
+        presence: presence.to_owned(),
+        status_msg,
+        last_active_ago: 0,
+    };
+    crate::federation::edus::announce(state, edu).await;
+    Ok(())
+}
+
+/// Another server's user's presence, as their server says (`last_active_ago`
+/// ms ago): kept only when they share a room with one of ours (who are then
+/// woken), never announced again.
+pub async fn update_remote(
+    state: &AppState,
+    user: &UserId,
+    presence: &str,
+    status_msg: Option<String>,
+    last_active_ago: i64,
+) -> Result<()> {
+    if !state.settings.presence_enabled {
+        return Ok(());
+    }
+    let ours = state.settings.server_name.as_str();
+    let peers = super::room_peers(state, user).await?;
+    let local: Vec<&str> = peers
+        .iter()
+        .map(String::as_str)
+        .filter(|p| p.split_once(':').is_some_and(|(_, s)| s == ours))
+        .collect();
+    if local.is_empty() {
+        return Err(crate::error::Error::Forbidden(format!("{user} shares no room with a user here")));
+    }
+    let reservation = state.streams.reserve();
+    let active = crate::storage::now_ms() - last_active_ago;
+    state.presence.set(user.as_str(), presence, status_msg, active, reservation.pos);
+    reservation.finish(crate::streams::Change::Presence);
+    state.notifier.wake(local);
     Ok(())
 }
 

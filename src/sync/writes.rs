@@ -1,13 +1,16 @@
 //! Writes that only /sync shows: account data, receipts, typing. Each takes a
 //! stream position (typing: a serial), then wakes exactly the users concerned
 //! (a room's ephemeral events: the waiting syncs watching the room, which
-//! are those of its joined members).
+//! are those of its joined members). Receipts and typing notices of other
+//! servers' users come through here too (`federation::edus`), under the
+//! same checks; those of our users are announced to the room's servers.
 
 use std::time::Duration;
 
 use ruma::{RoomId, UserId};
 
 use crate::error::{Error, Result};
+use crate::federation::edus::Outgoing;
 use crate::room::read;
 use crate::state::AppState;
 use crate::storage::{self, account_data, receipts};
@@ -71,10 +74,26 @@ pub async fn set_receipt(
     reservation.finish(Change::Receipt { room: room_id.to_string() });
     if receipt_type == "m.read.private" {
         state.notifier.wake([user.as_str()]);
-    } else {
-        state.notifier.wake_room(room_id.as_str(), []);
+        return Ok(());
+    }
+    state.notifier.wake_room(room_id.as_str(), []);
+    if is_local(state, user) {
+        let edu = Outgoing::Receipt {
+            room_id: room_id.to_owned(),
+            user_id: user.to_owned(),
+            event_id: receipt.event_id,
+            thread_id: thread_id.map(str::to_owned),
+            ts: receipt.ts,
+        };
+        crate::federation::edus::announce(state, edu).await;
     }
     Ok(())
+}
+
+/// Whether `user` is one of ours (what they do is announced to other
+/// servers; what another server's user does came from there).
+fn is_local(state: &AppState, user: &UserId) -> bool {
+    user.server_name() == state.settings.server_name
 }
 
 /// Starts or stops typing and wakes the room's members if that changed.
@@ -86,8 +105,18 @@ pub async fn set_typing(
 ) -> Result<()> {
     read::open(state, room_id).await?;
     read::require_joined(state, room_id, user).await?;
-    if state.typing.set(room_id.as_str(), user.as_str(), timeout) {
+    let changed = state.typing.set(room_id.as_str(), user.as_str(), timeout);
+    if changed {
         state.notifier.wake_room(room_id.as_str(), []);
+    }
+    // A renewal is announced too: other servers time a notice out alone.
+    if is_local(state, user) && (changed || timeout.is_some()) {
+        let edu = Outgoing::Typing {
+            room_id: room_id.to_owned(),
+            user_id: user.to_owned(),
+            typing: timeout.is_some(),
+        };
+        crate::federation::edus::announce(state, edu).await;
     }
     Ok(())
 }

@@ -114,9 +114,9 @@ pub(super) async fn send_transaction(
     if body.origin != *origin {
         return Err(Error::Forbidden("The transaction's origin is not the server that signed it".into()));
     }
+    let edus: Vec<&serde_json::value::RawValue> = body.edus.iter().map(|edu| edu.json()).collect();
     let results =
-        incoming::transaction(&state, origin, body.transaction_id.as_str(), &body.pdus, body.edus.len())
-            .await?;
+        incoming::transaction(&state, origin, body.transaction_id.as_str(), &body.pdus, &edus).await?;
     Ok(send_transaction_message::v1::Response::new(results))
 }
 

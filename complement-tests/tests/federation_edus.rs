@@ -1,0 +1,269 @@
+//! EDUs across servers: typing notices (start and stop), read receipts
+//! (threaded too; private ones never leave) and presence, between two
+//! seqline servers and between seqline and Synapse, both ways. And as a
+//! hostile server sends them (a `FakeServer` in the room): EDUs for another
+//! server's users, for rooms its user is not in, for users sharing no room,
+//! from a server the room's ACL denies; none changes what anyone sees, and
+//! none fails the transaction.
+
+use complement_tests::api::{V3, create_room, enc, room_path};
+use complement_tests::backend_tests;
+use complement_tests::fake::FakeServer;
+use complement_tests::federation::{FedServer, now_ms};
+use complement_tests::harness::Backend;
+use complement_tests::side::Side;
+use complement_tests::synapse::{Synapse, SynapseOptions};
+use serde_json::{Value, json};
+
+backend_tests!(
+    typing_receipts_and_presence_cross_between_seqline_servers,
+    typing_and_receipts_cross_with_synapse,
+    edus_a_server_may_not_send_change_nothing,
+);
+
+/// A user's /sync, followed incrementally (Synapse answers a repeated
+/// request from a cache, so polling one position shows nothing new).
+struct Watch<'a> {
+    side: &'a Side<'a>,
+    since: String,
+}
+
+impl<'a> Watch<'a> {
+    async fn new(side: &'a Side<'a>) -> Self {
+        let (status, body) = side.get(&format!("{V3}/sync")).await;
+        assert_eq!(status, 200, "{body}");
+        Self { side, since: body["next_batch"].as_str().unwrap_or_default().to_owned() }
+    }
+
+    /// Follows the /sync until `found` finds something in a response.
+    async fn until<T>(&mut self, what: &str, found: impl Fn(&Value) -> Option<T>) -> T {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let path = format!("{V3}/sync?timeout=500&since={}", enc(&self.since));
+            let (status, body) = self.side.get(&path).await;
+            assert_eq!(status, 200, "{body}");
+            self.since = body["next_batch"].as_str().unwrap_or_default().to_owned();
+            if let Some(value) = found(&body) {
+                return value;
+            }
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        }
+    }
+
+    /// Follows the /sync until `room`'s typing notice names exactly `users`.
+    async fn typing(&mut self, room: &str, users: &[&str]) {
+        let what = format!("{users:?} typing");
+        self.until(&what, |sync| {
+            let typing = ephemeral(sync, room, "m.typing")?;
+            let ids: Vec<&str> =
+                typing["content"]["user_ids"].as_array()?.iter().filter_map(Value::as_str).collect();
+            (ids == users).then_some(())
+        })
+        .await;
+    }
+
+    /// Follows the /sync until `user`'s public receipt on `event` shows;
+    /// answers its data. No private receipt of `user`'s may show on the way.
+    async fn receipt(&mut self, room: &str, event: &str, user: &str) -> Value {
+        self.until("a receipt", |sync| {
+            let receipts = ephemeral(sync, room, "m.receipt")?;
+            for by_type in receipts["content"].as_object().into_iter().flat_map(|m| m.values()) {
+                assert!(
+                    by_type["m.read.private"][user].is_null(),
+                    "{user}'s private receipt left: {receipts}"
+                );
+            }
+            let data = &receipts["content"][event]["m.read"][user];
+            data.is_object().then(|| data.clone())
+        })
+        .await
+    }
+}
+
+/// The room's ephemeral event of `kind` in `sync`.
+fn ephemeral<'a>(sync: &'a Value, room: &str, kind: &str) -> Option<&'a Value> {
+    sync["rooms"]["join"][room]["ephemeral"]["events"].as_array()?.iter().find(|e| e["type"] == kind)
+}
+
+/// `user`'s presence in `sync`, if it tells.
+fn presence_in(sync: &Value, user: &str) -> Option<Value> {
+    let events = sync["presence"]["events"].as_array()?;
+    events.iter().find(|e| e["sender"] == user).map(|e| e["content"].clone())
+}
+
+async fn type_in(side: &Side<'_>, room: &str, user: &str, typing: bool) {
+    let path = room_path(room, &format!("/typing/{}", enc(user)));
+    let (status, body) = side.put(&path, json!({ "typing": typing, "timeout": 30_000 })).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn receipt(side: &Side<'_>, room: &str, kind: &str, event: &str, body: Value) {
+    let path = room_path(room, &format!("/receipt/{kind}/{}", enc(event)));
+    let (status, answer) = side.post(&path, body).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// `a` and `b` share `room` (`b` joined it); each types, stops, reads the
+/// other's message (`b` in a thread, and privately first, which `a` must
+/// never see).
+async fn exchange(a: &Side<'_>, a_id: &str, b: &Side<'_>, b_id: &str, room: &str) {
+    let (mut wa, mut wb) = (Watch::new(a).await, Watch::new(b).await);
+    // Typing, both ways, start and stop.
+    type_in(a, room, a_id, true).await;
+    wb.typing(room, &[a_id]).await;
+    type_in(a, room, a_id, false).await;
+    wb.typing(room, &[]).await;
+    type_in(b, room, b_id, true).await;
+    wa.typing(room, &[b_id]).await;
+    type_in(b, room, b_id, false).await;
+    wa.typing(room, &[]).await;
+
+    // Receipts: a private one first, then a threaded public one; a sees the
+    // public one and never the private one.
+    let first = a.say(room, "r1", "read me").await;
+    let second = a.say(room, "r2", "and me").await;
+    wb.until("a's messages at b's", |sync| {
+        let events = sync["rooms"]["join"][room]["timeline"]["events"].as_array()?;
+        events.iter().any(|e| e["event_id"] == second.as_str()).then_some(())
+    })
+    .await;
+    receipt(b, room, "m.read.private", &first, json!({})).await;
+    receipt(b, room, "m.read", &second, json!({ "thread_id": "main" })).await;
+    let data = wa.receipt(room, &second, b_id).await;
+    assert_eq!(data["thread_id"], "main", "{data}");
+    // And back: a's unthreaded receipt on b's message.
+    let reply = b.say(room, "r3", "read mine").await;
+    wa.until("b's message at a's", |sync| {
+        let events = sync["rooms"]["join"][room]["timeline"]["events"].as_array()?;
+        events.iter().any(|e| e["event_id"] == reply.as_str()).then_some(())
+    })
+    .await;
+    receipt(a, room, "m.read", &reply, json!({})).await;
+    let data = wb.receipt(room, &reply, a_id).await;
+    assert!(data.get("thread_id").is_none(), "{data}");
+}
+
+/// Two seqline servers: typing, receipts and presence both ways.
+async fn typing_receipts_and_presence_cross_between_seqline_servers(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let (alice_id, bob_id) = (a.user_id("alice"), b.user_id("bob"));
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat" })).await;
+    let (sa, sb) = (Side::Seqline(&a, &alice), Side::Seqline(&b, &bob));
+    let (status, body) =
+        sb.post(&format!("{V3}/join/{}?server_name={}", enc(&room), enc(&a.name)), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    exchange(&sa, &alice_id, &sb, &bob_id, &room).await;
+
+    // Presence: bob goes away with a message; alice sees it, and back.
+    let (mut wa, mut wb) = (Watch::new(&sa).await, Watch::new(&sb).await);
+    presence_reaches(&sb, &bob_id, &mut wa, "unavailable", "lunch").await;
+    presence_reaches(&sa, &alice_id, &mut wb, "online", "here").await;
+}
+
+/// `from` (user `from_id`) sets `presence` with `message`; `to` sees both.
+async fn presence_reaches(from: &Side<'_>, from_id: &str, to: &mut Watch<'_>, presence: &str, message: &str) {
+    let path = format!("{V3}/presence/{}/status", enc(from_id));
+    let (status, body) = from.put(&path, json!({ "presence": presence, "status_msg": message })).await;
+    assert_eq!(status, 200, "{body}");
+    to.until("the presence", |sync| {
+        presence_in(sync, from_id).filter(|p| p["presence"] == presence && p["status_msg"] == message)
+    })
+    .await;
+}
+
+/// seqline and Synapse: typing and receipts both ways.
+async fn typing_and_receipts_cross_with_synapse(backend: Backend) {
+    let (a, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = syn.register("bob", "pw").await;
+    let (alice_id, bob_id) = (a.user_id("alice"), syn.user_id("bob"));
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat" })).await;
+    let (sa, sb) = (Side::Seqline(&a, &alice), Side::Synapse(&syn, bob.token.as_str()));
+    let (status, body) =
+        sb.post(&format!("{V3}/join/{}?server_name={}", enc(&room), enc(&a.name)), json!({})).await;
+    assert_eq!(status, 200, "{body}\n{}", syn.log_tail());
+    exchange(&sa, &alice_id, &sb, &bob_id, &room).await;
+}
+
+/// A typing EDU from `fake`.
+fn typing_edu(room: &str, user: &str) -> Value {
+    json!({ "edu_type": "m.typing", "content": { "room_id": room, "user_id": user, "typing": true } })
+}
+
+/// The fake's mallory joins alice's room, then the fake sends EDUs it may
+/// not: typing for alice (another server's user), typing in a room mallory
+/// is not in, a receipt for alice, presence for a user of a third server,
+/// garbage; the transaction itself is taken (200). Then the room's server
+/// ACL denies the fake, and its typing notice is dropped. A last
+/// rightful notice shows the ones before it were processed: alice sees
+/// exactly mallory typing, and no forged receipt or presence.
+async fn edus_a_server_may_not_send_change_nothing(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let room = create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    let other = create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    let mallory = fake.user_id("mallory");
+    fake.join(&seq, &room, &mallory).await;
+    let sa = Side::Seqline(&seq, &alice);
+    let said = sa.say(&room, "m1", "hello").await;
+    let edus = [
+        typing_edu(&room, &alice_id),
+        typing_edu(&other, &mallory),
+        json!({ "edu_type": "m.receipt", "content": { room.as_str(): { "m.read": {
+            alice_id.as_str(): { "event_ids": [said], "data": { "ts": 1 } } } } } }),
+        json!({ "edu_type": "m.presence", "content": { "push": [
+            { "user_id": "@carol:third.example", "presence": "online", "last_active_ago": 0 },
+            { "user_id": alice_id, "presence": "offline", "last_active_ago": 0 },
+        ] } }),
+        json!({ "edu_type": "m.typing", "content": "not an object" }),
+        json!("not an edu"),
+    ];
+    let body = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": edus });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/bad-edus", Some(&body)).await;
+    assert_eq!((status, &answer["pdus"]), (200, &json!({})), "{answer}");
+
+    // The ACL turns the fake away: its typing notice is dropped.
+    // (Every server here is 127.0.0.1: an ACL matches names without ports.)
+    let acl = json!({ "allow": ["*"], "deny": ["127.0.0.1"] });
+    let (status, set) = sa.put(&room_path(&room, "/state/m.room.server_acl/"), acl).await;
+    assert_eq!(status, 200, "{set}");
+    let denied = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [typing_edu(&room, &mallory)] });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/denied", Some(&denied)).await;
+    assert_eq!(status, 200, "{answer}");
+    let sync = initial_sync(&sa).await;
+    assert_eq!(typing_of(&sync, &room), Vec::<String>::new());
+    let (status, _) = sa.put(&room_path(&room, "/state/m.room.server_acl/"), json!({ "allow": ["*"] })).await;
+    assert_eq!(status, 200);
+
+    let good = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [typing_edu(&room, &mallory)] });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/good", Some(&good)).await;
+    assert_eq!(status, 200, "{answer}");
+    // seqline takes a transaction's EDUs before it answers.
+    let sync = initial_sync(&sa).await;
+    assert_eq!(typing_of(&sync, &room), std::slice::from_ref(&mallory));
+    assert_eq!(typing_of(&sync, &other), Vec::<String>::new());
+    let receipts = ephemeral(&sync, &room, "m.receipt").cloned().unwrap_or(json!({}));
+    assert!(receipts["content"][&said]["m.read"][&alice_id].is_null(), "{receipts}");
+    assert!(presence_in(&sync, "@carol:third.example").is_none(), "{sync}");
+    assert_ne!(presence_in(&sync, &alice_id).map(|p| p["presence"].clone()), Some(json!("offline")));
+}
+
+/// `side`'s initial /sync (seqline's: it keeps no answer cache).
+async fn initial_sync(side: &Side<'_>) -> Value {
+    let (status, body) = side.get(&format!("{V3}/sync")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Who is typing in `room` by `sync`, sorted.
+fn typing_of(sync: &Value, room: &str) -> Vec<String> {
+    let mut users: Vec<String> = ephemeral(sync, room, "m.typing")
+        .and_then(|e| e["content"]["user_ids"].as_array())
+        .map(|ids| ids.iter().filter_map(|u| u.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    users.sort_unstable();
+    users
+}

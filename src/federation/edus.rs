@@ -1,0 +1,258 @@
+//! EDUs, both ways: typing notices, read receipts and presence.
+//!
+//! Out: what a local user does that other servers show ([`Outgoing`]) is
+//! handed over through [`announce`], the one door the domain uses, and
+//! queued per destination (`fed_edu_outbox`) for every server with a user
+//! in the room (for presence: every server sharing a room with the user).
+//! A newer EDU about the same thing replaces one not sent yet, so a server
+//! that is away gets the last word, not every keystroke; the sender puts at
+//! most 100 into a transaction beside its PDUs.
+//!
+//! In ([`receive`]): a server speaks only for its own users, in rooms they
+//! are joined to, and not where the room's server ACL denies it. Each EDU
+//! then goes through the same domain write as a local one (the typing
+//! notice, the receipt with its visibility check), so one rule holds for
+//! both. An EDU that fails is dropped alone (logged): it never fails the
+//! transaction or its PDUs.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ruma::{OwnedRoomId, OwnedUserId, RoomId, ServerName, UserId};
+use serde_json::value::RawValue as RawJsonValue;
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::state::AppState;
+use crate::storage::{self, federation as store};
+
+/// How long a typing notice from another server lasts without a renewal
+/// (servers do not say; Synapse holds remote ones as long).
+const REMOTE_TYPING: Duration = Duration::from_secs(60);
+
+/// Most presence updates taken from one received transaction.
+const MAX_PRESENCE_PUSHES: usize = 500;
+
+/// Something a local user did that other servers show.
+#[derive(Debug, Clone)]
+pub enum Outgoing {
+    /// Started or stopped typing in a room.
+    Typing {
+        /// The room.
+        room_id: OwnedRoomId,
+        /// Who.
+        user_id: OwnedUserId,
+        /// Started (true) or stopped.
+        typing: bool,
+    },
+    /// A public read receipt (`m.read`; private ones never leave).
+    Receipt {
+        /// The room.
+        room_id: OwnedRoomId,
+        /// Who read.
+        user_id: OwnedUserId,
+        /// Up to which event.
+        event_id: String,
+        /// The thread (`None`: unthreaded).
+        thread_id: Option<String>,
+        /// When, ms since the epoch.
+        ts: i64,
+    },
+    /// A presence change (only when presence is on).
+    Presence {
+        /// Whose.
+        user_id: OwnedUserId,
+        /// `online`, `unavailable` or `offline`.
+        presence: String,
+        /// Free text.
+        status_msg: Option<String>,
+        /// Ms since they were last active.
+        last_active_ago: i64,
+    },
+}
+
+impl Outgoing {
+    /// The EDU's JSON and what it is about (a newer one with the same key
+    /// replaces it in the queue).
+    fn to_edu(&self) -> (String, Value) {
+        match self {
+            Self::Typing { room_id, user_id, typing } => (
+                format!("typing {room_id} {user_id}"),
+                json!({ "edu_type": "m.typing", "content": {
+                    "room_id": room_id, "user_id": user_id, "typing": typing,
+                } }),
+            ),
+            Self::Receipt { room_id, user_id, event_id, thread_id, ts } => {
+                let mut data = json!({ "ts": ts });
+                if let Some(thread) = thread_id {
+                    data["thread_id"] = json!(thread);
+                }
+                (
+                    format!("receipt {room_id} {user_id} m.read {}", thread_id.as_deref().unwrap_or("")),
+                    json!({ "edu_type": "m.receipt", "content": { room_id.as_str(): { "m.read": {
+                        user_id.as_str(): { "event_ids": [event_id], "data": data },
+                    } } } }),
+                )
+            }
+            Self::Presence { user_id, presence, status_msg, last_active_ago } => {
+                let mut push = json!({
+                    "user_id": user_id,
+                    "presence": presence,
+                    "last_active_ago": last_active_ago,
+                    "currently_active": presence == "online",
+                });
+                if let Some(msg) = status_msg {
+                    push["status_msg"] = json!(msg);
+                }
+                (
+                    format!("presence {user_id}"),
+                    json!({ "edu_type": "m.presence", "content": { "push": [push] } }),
+                )
+            }
+        }
+    }
+}
+
+/// Queues `edu` for the servers that should see it and wakes their
+/// senders. Failing to queue is logged, never the caller's error: the local
+/// write it follows has happened.
+pub async fn announce(state: &AppState, edu: Outgoing) {
+    if state.settings.federation.is_none() {
+        return;
+    }
+    let destinations = match destinations(state, &edu).await {
+        Ok(destinations) if destinations.is_empty() => return,
+        Ok(destinations) => destinations,
+        Err(e) => {
+            tracing::warn!("cannot find where an EDU goes: {e}");
+            return;
+        }
+    };
+    let (key, value) = edu.to_edu();
+    let queued = store::enqueue_edu(&state.db, &destinations, &key, &value.to_string()).await;
+    match queued {
+        Ok(()) => super::sender::wake(state, destinations.iter().map(String::as_str)),
+        Err(e) => tracing::warn!("cannot queue an EDU: {e}"),
+    }
+}
+
+/// The other servers `edu` goes to.
+async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
+    let ours = state.settings.server_name.as_str();
+    let servers: BTreeSet<String> = match edu {
+        Outgoing::Typing { room_id, .. } | Outgoing::Receipt { room_id, .. } => {
+            store::servers_in_room(&state.db, room_id.as_str()).await?.into_iter().collect()
+        }
+        Outgoing::Presence { user_id, .. } => crate::sync::room_peers(state, user_id)
+            .await?
+            .iter()
+            .filter_map(|peer| peer.split_once(':').map(|(_, server)| server.to_owned()))
+            .collect(),
+    };
+    Ok(servers.into_iter().filter(|s| s != ours).collect())
+}
+
+/// Takes the EDUs of a transaction from `origin`, each on its own.
+pub async fn receive(state: &AppState, origin: &ServerName, edus: &[&RawJsonValue]) {
+    for raw in edus {
+        let Ok(edu) = serde_json::from_str::<Value>(raw.get()) else {
+            tracing::info!(%origin, "dropped an EDU that is not a JSON object");
+            continue;
+        };
+        let kind = edu["edu_type"].as_str().unwrap_or_default();
+        let content = &edu["content"];
+        let taken = match kind {
+            "m.typing" => typing(state, origin, content).await,
+            "m.receipt" => receipts(state, origin, content).await,
+            "m.presence" => presence(state, origin, content).await,
+            // Device lists, to-device and signing keys come with their own work.
+            _ => Ok(()),
+        };
+        if let Err(e) = taken {
+            tracing::info!(%origin, edu_type = kind, "dropped an EDU: {e}");
+        }
+    }
+}
+
+/// `user` (a string from the EDU) as a user of `origin`.
+fn user_of(origin: &ServerName, user: &Value) -> Result<OwnedUserId> {
+    let user = user
+        .as_str()
+        .and_then(|u| UserId::parse(u).ok())
+        .ok_or_else(|| Error::BadJson("The EDU names no valid user".into()))?;
+    if user.server_name() != origin {
+        return Err(Error::Forbidden(format!("{origin} cannot speak for {user}")));
+    }
+    Ok(user)
+}
+
+/// `room` (a string from the EDU) as a room `origin` may speak in: we have
+/// it and its server ACL lets `origin` in.
+async fn room_of(state: &AppState, origin: &ServerName, room: &str) -> Result<OwnedRoomId> {
+    let room_id = RoomId::parse(room).map_err(|_| Error::BadJson("The EDU names no valid room".into()))?;
+    super::acl::check(state, room_id.as_str(), origin).await?;
+    Ok(room_id)
+}
+
+async fn typing(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
+    let user = user_of(origin, &content["user_id"])?;
+    let room_id = room_of(state, origin, content["room_id"].as_str().unwrap_or_default()).await?;
+    let typing = content["typing"].as_bool().unwrap_or(false);
+    crate::sync::writes::set_typing(state, &user, &room_id, typing.then_some(REMOTE_TYPING)).await
+}
+
+async fn receipts(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
+    let Some(rooms) = content.as_object() else {
+        return Err(Error::BadJson("Receipts come as an object of rooms".into()));
+    };
+    for (room, types) in rooms {
+        let room_id = match room_of(state, origin, room).await {
+            Ok(room_id) => room_id,
+            Err(e) => {
+                tracing::info!(%origin, %room, "dropped receipts: {e}");
+                continue;
+            }
+        };
+        // Only public read receipts cross servers.
+        let Some(users) = types["m.read"].as_object() else { continue };
+        for (user, receipt) in users {
+            let taken = async {
+                let user = user_of(origin, &json!(user))?;
+                let event_id = receipt["event_ids"]
+                    .as_array()
+                    .and_then(|ids| ids.last())
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| Error::BadJson("A receipt names no event".into()))?;
+                let thread = receipt["data"]["thread_id"].as_str();
+                crate::sync::writes::set_receipt(state, &user, &room_id, "m.read", thread, event_id).await
+            };
+            if let Err(e) = taken.await {
+                tracing::info!(%origin, %room, %user, "dropped a receipt: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn presence(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
+    if !state.settings.presence_enabled {
+        return Ok(());
+    }
+    let pushes = content["push"].as_array().map_or(&[][..], Vec::as_slice);
+    for push in pushes.iter().take(MAX_PRESENCE_PUSHES) {
+        let taken = async {
+            let user = user_of(origin, &push["user_id"])?;
+            let presence = match push["presence"].as_str() {
+                Some(p @ ("online" | "unavailable" | "offline")) => p,
+                _ => return Err(Error::BadJson("Unknown presence".into())),
+            };
+            let ago = push["last_active_ago"].as_i64().unwrap_or(0).clamp(0, storage::now_ms());
+            let status = push["status_msg"].as_str().map(|s| s.chars().take(1024).collect());
+            crate::sync::presence::update_remote(state, &user, presence, status, ago).await
+        };
+        if let Err(e) = taken.await {
+            tracing::info!(%origin, "dropped a presence update: {e}");
+        }
+    }
+    Ok(())
+}
