@@ -10,7 +10,7 @@ use complement_tests::api::{V3, create_room, enc, room_path};
 use complement_tests::backend_tests;
 use complement_tests::fake::FakeServer;
 use complement_tests::federation::{FedServer, now_ms};
-use complement_tests::harness::Backend;
+use complement_tests::harness::{Backend, User};
 use complement_tests::side::Side;
 use complement_tests::synapse::{Synapse, SynapseOptions};
 use serde_json::{Value, json};
@@ -19,6 +19,8 @@ backend_tests!(
     typing_receipts_and_presence_cross_between_seqline_servers,
     typing_and_receipts_cross_with_synapse,
     edus_a_server_may_not_send_change_nothing,
+    to_device_messages_cross_once,
+    a_server_cannot_send_to_device_messages_for_others,
 );
 
 /// A user's /sync, followed incrementally (Synapse answers a repeated
@@ -266,4 +268,95 @@ fn typing_of(sync: &Value, room: &str) -> Vec<String> {
         .unwrap_or_default();
     users.sort_unstable();
     users
+}
+
+/// `user`'s to-device messages from a /sync followed from `since` until
+/// `count` have come: (sender, type, content), and the position after.
+async fn to_device_until(seq: &FedServer, user: &User, since: &str, count: usize) -> (Vec<Value>, String) {
+    let mut got = Vec::new();
+    let mut since = since.to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while got.len() < count {
+        assert!(std::time::Instant::now() < deadline, "timed out: {got:?}");
+        let path = format!("{V3}/sync?timeout=500&since={}", enc(&since));
+        let (status, body) = seq.server.get(&path, Some(&user.token)).await;
+        assert_eq!(status, 200, "{body}");
+        since = body["next_batch"].as_str().unwrap_or_default().to_owned();
+        for event in body["to_device"]["events"].as_array().into_iter().flatten() {
+            got.push(json!([event["sender"], event["type"], event["content"]]));
+        }
+    }
+    (got, since)
+}
+
+async fn send_to_device(seq: &FedServer, user: &User, txn: &str, to: &str, device: &str, n: i64) {
+    let path = format!("{V3}/sendToDevice/m.test.ping/{txn}");
+    let body = json!({ "messages": { to: { device: { "n": n } } } });
+    let (status, answer) = seq.server.put(&path, Some(&user.token), body).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// alice (on A) sends to-device messages to bob's device (on B): each
+/// arrives once, also when alice repeats a transaction id, and one sent
+/// while B is down arrives once B is back (after A restarted too).
+async fn to_device_messages_cross_once(backend: Backend) {
+    let (mut a, mut b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let (alice_id, bob_id) = (a.user_id("alice"), b.user_id("bob"));
+    let (status, first) = b.server.get(&format!("{V3}/sync"), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{first}");
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+
+    send_to_device(&a, &alice, "t1", &bob_id, &bob.device_id, 1).await;
+    send_to_device(&a, &alice, "t1", &bob_id, &bob.device_id, 1).await;
+    send_to_device(&a, &alice, "t2", &bob_id, "*", 2).await;
+    let (got, since) = to_device_until(&b, &bob, &since, 2).await;
+    let ping = |n: i64| json!([alice_id, "m.test.ping", { "n": n }]);
+    assert_eq!(got, [ping(1), ping(2)]);
+
+    b.server.stop().await;
+    send_to_device(&a, &alice, "t3", &bob_id, &bob.device_id, 3).await;
+    a.server.restart().await;
+    b.server.start_again().await;
+    send_to_device(&a, &alice, "t4", &bob_id, &bob.device_id, 4).await;
+    let (got, _) = to_device_until(&b, &bob, &since, 2).await;
+    assert_eq!(got, [ping(3), ping(4)]);
+}
+
+/// A server sending a to-device EDU for another server's user, or the same
+/// message twice (one `message_id`), or for a device of nobody: bob gets the
+/// one rightful message once.
+async fn a_server_cannot_send_to_device_messages_for_others(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let bob = seq.server.register("bob", "pw").await;
+    let bob_id = seq.user_id("bob");
+    let (status, first) = seq.server.get(&format!("{V3}/sync"), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{first}");
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+    let edu = |sender: &str, id: &str, n: i64| {
+        json!({ "edu_type": "m.direct_to_device", "content": {
+            "sender": sender, "type": "m.test.ping", "message_id": id,
+            "messages": { bob_id.as_str(): { bob.device_id.as_str(): { "n": n } } },
+        } })
+    };
+    let mallory = fake.user_id("mallory");
+    let forged = format!("@eve:{}", seq.name);
+    let edus = [
+        edu(&forged, "m1", 1),
+        edu(&mallory, "m2", 2),
+        edu(&mallory, "m2", 3),
+        edu("@carol:third.example", "m4", 4),
+    ];
+    let body = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": edus });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/td1", Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let again = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [edu(&mallory, "m2", 5), edu(&mallory, "m5", 6)] });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/td2", Some(&again)).await;
+    assert_eq!(status, 200, "{answer}");
+    let (got, _) = to_device_until(&seq, &bob, &since, 2).await;
+    assert_eq!(
+        got,
+        [json!([mallory, "m.test.ping", { "n": 2 }]), json!([mallory, "m.test.ping", { "n": 6 }])]
+    );
 }

@@ -6,6 +6,7 @@ pub mod deactivate;
 pub mod e2ee;
 pub mod keys;
 pub mod profile;
+pub mod to_device;
 pub mod uia;
 pub mod voip;
 

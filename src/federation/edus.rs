@@ -1,4 +1,5 @@
-//! EDUs, both ways: typing notices, read receipts and presence.
+//! EDUs, both ways: typing notices, read receipts and presence (and, in,
+//! to-device messages, which `account::to_device` queues and takes).
 //!
 //! Out: what a local user does that other servers show ([`Outgoing`]) is
 //! handed over through [`announce`], the one door the domain uses, and
@@ -165,7 +166,8 @@ pub async fn receive(state: &AppState, origin: &ServerName, edus: &[&RawJsonValu
             "m.typing" => typing(state, origin, content).await,
             "m.receipt" => receipts(state, origin, content).await,
             "m.presence" => presence(state, origin, content).await,
-            // Device lists, to-device and signing keys come with their own work.
+            "m.direct_to_device" => crate::account::to_device::receive_remote(state, origin, content).await,
+            // Device lists and signing keys come with their own work.
             _ => Ok(()),
         };
         if let Err(e) = taken {

@@ -97,20 +97,32 @@ pub async fn destinations_with_work(db: &Db) -> Result<Vec<String>> {
 /// under the same `ekey` and not yet taken into a transaction is replaced.
 pub async fn enqueue_edu(db: &Db, destinations: &[String], ekey: &str, edu: &str) -> Result<()> {
     let mut tx = db.begin_write().await?;
+    enqueue_edu_tx(tx.conn(), destinations, ekey, edu).await?;
+    tx.commit().await
+}
+
+/// [`enqueue_edu`] inside a transaction (to-device messages are queued in
+/// the one that takes the sender's request).
+pub async fn enqueue_edu_tx(
+    conn: &mut AnyConnection,
+    destinations: &[String],
+    ekey: &str,
+    edu: &str,
+) -> Result<()> {
     for destination in destinations {
         sqlx::query("DELETE FROM fed_edu_outbox WHERE destination = $1 AND ekey = $2 AND txn_id IS NULL")
             .bind(destination)
             .bind(ekey)
-            .execute(tx.conn())
+            .execute(&mut *conn)
             .await?;
         sqlx::query("INSERT INTO fed_edu_outbox (destination, ekey, edu) VALUES ($1, $2, $3)")
             .bind(destination)
             .bind(ekey)
             .bind(edu)
-            .execute(tx.conn())
+            .execute(&mut *conn)
             .await?;
     }
-    tx.commit().await
+    Ok(())
 }
 
 /// A transaction to send: its id, its events (room id, event id) and its

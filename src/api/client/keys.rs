@@ -3,8 +3,6 @@
 //! signatures, and to-device messages. What an upload must carry (its
 //! signatures) is checked in `account::keys`.
 
-use std::collections::BTreeMap;
-
 use axum::Router;
 use ruma::api::client::keys::{
     claim_keys, get_key_changes, get_keys, upload_keys, upload_signatures, upload_signing_keys,
@@ -13,11 +11,11 @@ use ruma::api::client::to_device::send_event_to_device;
 use ruma::to_device::DeviceIdOrAllDevices;
 use serde_json::{Map, Value, json};
 
-use crate::account::{e2ee, keys as account_keys};
+use crate::account::{e2ee, keys as account_keys, to_device};
 use crate::api::extract::{Ruma, route_json};
 use crate::error::{Error, Result};
 use crate::state::AppState;
-use crate::storage::{devices, events, keys};
+use crate::storage::{devices, keys};
 use crate::streams::Change;
 
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
@@ -179,80 +177,29 @@ async fn upload_sigs(state: AppState, req: Ruma<upload_signatures::v3::Request>)
     Ok(json!({ "failures": failures }))
 }
 
-/// The most undelivered to-device messages one sender may have queued for
-/// one device; past it `/sendToDevice` is 429 and stores nothing.
-const MAX_PENDING_TO_DEVICE: i64 = 1000;
-
 async fn send_to_device(state: AppState, req: Ruma<send_event_to_device::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
     let b = &req.body;
-    let scope = format!("sendToDevice/{}", b.event_type);
-    let txn = events::Txn {
-        user_id: me.user_id.as_str(),
-        device_id: me.device_id.as_str(),
-        scope: &scope,
-        txn_id: b.txn_id.as_str(),
-    };
-    {
-        let mut conn = state.db.pool.acquire().await?;
-        if events::txn_event(&mut conn, txn).await?.is_some() {
-            return Ok(json!({}));
-        }
-    }
-    // Only devices that exist get messages (`*`: all of the user's).
-    let mut recipients: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut messages = Vec::new();
     for (user, per_device) in &b.messages {
-        if user.server_name() != state.settings.server_name {
-            continue;
-        }
-        let known: Vec<String> =
-            devices::list(&state.db, user.as_str()).await?.into_iter().map(|d| d.device_id).collect();
         for (target, raw) in per_device {
-            let targets: Vec<&String> = match target {
-                DeviceIdOrAllDevices::DeviceId(d) => {
-                    known.iter().filter(|k| k.as_str() == d.as_str()).collect()
-                }
-                DeviceIdOrAllDevices::AllDevices => known.iter().collect(),
+            let target = match target {
+                DeviceIdOrAllDevices::DeviceId(d) => to_device::Target::Device(d.to_string()),
+                DeviceIdOrAllDevices::AllDevices => to_device::Target::All,
             };
-            for device in targets {
-                recipients
-                    .entry(user.to_string())
-                    .or_default()
-                    .push((device.clone(), raw.json().get().to_owned()));
-            }
+            let content = raw.json().get().to_owned();
+            messages.push(to_device::Message { user: user.clone(), target, content });
         }
     }
-    let reservation = state.streams.reserve();
-    let mut tx = state.db.begin_write().await?;
-    // One sender's requests count their queued messages one after the other.
-    crate::storage::users::lock_for_count(&state.db, tx.conn(), me.user_id.as_str()).await?;
-    if !events::claim_txn(tx.conn(), txn, "", crate::storage::now_ms()).await? {
-        // The same transaction, sent again meanwhile, is being or was stored.
-        return Ok(json!({}));
-    }
-    for (user, list) in &recipients {
-        // One grouped count per recipient (not one per device) while the
-        // write slot is held.
-        let pending = keys::pending_to_device(tx.conn(), user, me.user_id.as_str()).await?;
-        for (device, content) in list {
-            if pending.get(device).is_some_and(|n| *n >= MAX_PENDING_TO_DEVICE) {
-                // Nothing of the request is stored: the transaction is dropped.
-                return Err(Error::LimitExceeded { retry_after_ms: 10_000 });
-            }
-            keys::put_to_device(
-                tx.conn(),
-                user,
-                device,
-                reservation.pos,
-                me.user_id.as_str(),
-                &b.event_type.to_string(),
-                content,
-            )
-            .await?;
-        }
-    }
-    tx.commit().await?;
-    reservation.finish(Change::ToDevice { users: recipients.keys().cloned().collect() });
-    state.notifier.wake(recipients.keys().map(String::as_str));
+    let event_type = b.event_type.to_string();
+    to_device::send_local(
+        &state,
+        &me.user_id,
+        me.device_id.as_str(),
+        &event_type,
+        b.txn_id.as_str(),
+        messages,
+    )
+    .await?;
     Ok(json!({}))
 }
