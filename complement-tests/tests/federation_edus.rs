@@ -21,6 +21,7 @@ backend_tests!(
     edus_a_server_may_not_send_change_nothing,
     to_device_messages_cross_once,
     a_server_cannot_send_to_device_messages_for_others,
+    device_list_updates_reach_the_users_who_share_a_room,
 );
 
 /// A user's /sync, followed incrementally (Synapse answers a repeated
@@ -359,4 +360,44 @@ async fn a_server_cannot_send_to_device_messages_for_others(backend: Backend) {
         got,
         [json!([mallory, "m.test.ping", { "n": 2 }]), json!([mallory, "m.test.ping", { "n": 6 }])]
     );
+}
+
+/// The fake's mallory shares a room with alice; the fake says mallory's
+/// devices and cross-signing keys changed, and also, which it may not,
+/// those of alice's neighbour eve (a user of the server under test), of a
+/// third server's user and of a user of its own who shares no room. alice's
+/// /sync lists mallory under `device_lists.changed`, and no one else.
+async fn device_list_updates_reach_the_users_who_share_a_room(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let room = create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    let mallory = fake.user_id("mallory");
+    fake.join(&seq, &room, &mallory).await;
+    let (status, first) = seq.server.get(&format!("{V3}/sync"), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{first}");
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+
+    let update = |user: &str, stream: i64| {
+        json!({ "edu_type": "m.device_list_update", "content": {
+            "user_id": user, "device_id": "DEV", "stream_id": stream, "prev_id": [stream - 1], "deleted": false,
+        } })
+    };
+    let edus = [
+        update(&format!("@eve:{}", seq.name), 2),
+        update("@carol:third.example", 3),
+        update(&fake.user_id("nobody"), 4),
+        json!({ "edu_type": "m.signing_key_update", "content": { "user_id": fake.user_id("nobody") } }),
+        update(&mallory, 5),
+    ];
+    let body = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": edus });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/dl1", Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let path = format!("{V3}/sync?since={}", enc(&since));
+    let (status, sync) = seq.server.get(&path, Some(&alice.token)).await;
+    assert_eq!(status, 200, "{sync}");
+    assert_eq!(sync["device_lists"]["changed"], json!([mallory]), "{sync}");
+    let path =
+        format!("{V3}/keys/changes?from={}&to={}", enc(&since), enc(sync["next_batch"].as_str().unwrap()));
+    let (status, changes) = seq.server.get(&path, Some(&alice.token)).await;
+    assert_eq!((status, &changes["changed"]), (200, &json!([mallory])), "{changes}");
 }

@@ -1,5 +1,6 @@
 //! EDUs, both ways: typing notices, read receipts and presence (and, in,
-//! to-device messages, which `account::to_device` queues and takes).
+//! to-device messages, which `account::to_device` queues and takes, and
+//! device-list and signing-key updates, which tell our users to ask again).
 //!
 //! Out: what a local user does that other servers show ([`Outgoing`]) is
 //! handed over through [`announce`], the one door the domain uses, and
@@ -167,7 +168,7 @@ pub async fn receive(state: &AppState, origin: &ServerName, edus: &[&RawJsonValu
             "m.receipt" => receipts(state, origin, content).await,
             "m.presence" => presence(state, origin, content).await,
             "m.direct_to_device" => crate::account::to_device::receive_remote(state, origin, content).await,
-            // Device lists and signing keys come with their own work.
+            "m.device_list_update" | "m.signing_key_update" => device_list(state, origin, content).await,
             _ => Ok(()),
         };
         if let Err(e) = taken {
@@ -257,4 +258,20 @@ async fn presence(state: &AppState, origin: &ServerName, content: &Value) -> Res
         }
     }
     Ok(())
+}
+
+/// A device or cross-signing key of another server's user changed: our
+/// users who share a room with them are told (`device_lists.changed` in
+/// their /sync, `/keys/changes`) and ask for the keys again, which always
+/// go to the user's server (nothing is cached here, so a missed update
+/// leaves nothing stale). Only for a user who shares a room with one of
+/// ours.
+async fn device_list(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
+    let user = user_of(origin, &content["user_id"])?;
+    let ours = state.settings.server_name.as_str();
+    let peers = crate::sync::room_peers(state, &user).await?;
+    if !peers.iter().any(|p| p.split_once(':').is_some_and(|(_, server)| server == ours)) {
+        return Err(Error::Forbidden(format!("{user} shares no room with a user here")));
+    }
+    crate::account::e2ee::device_list_changed(state, &user).await
 }
