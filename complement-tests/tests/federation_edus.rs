@@ -22,6 +22,7 @@ backend_tests!(
     to_device_messages_cross_once,
     a_server_cannot_send_to_device_messages_for_others,
     device_list_updates_reach_the_users_who_share_a_room,
+    our_device_changes_reach_the_other_server,
 );
 
 /// A user's /sync, followed incrementally (Synapse answers a repeated
@@ -400,4 +401,67 @@ async fn device_list_updates_reach_the_users_who_share_a_room(backend: Backend) 
         format!("{V3}/keys/changes?from={}&to={}", enc(&since), enc(sync["next_batch"].as_str().unwrap()));
     let (status, changes) = seq.server.get(&path, Some(&alice.token)).await;
     assert_eq!((status, &changes["changed"]), (200, &json!([mallory])), "{changes}");
+}
+
+/// bob (on B) follows his /sync until alice (on A) is listed under
+/// `device_lists.changed`.
+async fn until_changed(watch: &mut Watch<'_>, alice: &str, what: &str) {
+    watch
+        .until(what, |sync| {
+            let changed = sync["device_lists"]["changed"].as_array()?;
+            changed.iter().any(|u| u == alice).then_some(())
+        })
+        .await;
+}
+
+/// alice on A shares a room with bob on B. Each change of alice's devices
+/// or keys reaches B as an EDU and bob's /sync lists alice under
+/// `device_lists.changed`: her device keys uploaded, a device renamed, her
+/// cross-signing keys uploaded, a device deleted.
+async fn our_device_changes_reach_the_other_server(backend: Backend) {
+    use complement_tests::e2ee::{Key, cross_signing_key, device_keys};
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let alice_id = a.user_id("alice");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat" })).await;
+    let (sa, sb) = (Side::Seqline(&a, &alice), Side::Seqline(&b, &bob));
+    let (status, body) =
+        sb.post(&format!("{V3}/join/{}?server_name={}", enc(&room), enc(&a.name)), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    // bob joining lists alice once: what follows must come from the EDUs.
+    let mut wb = Watch::new(&sb).await;
+
+    let key = Key::new("alice-device");
+    let upload = json!({ "device_keys": device_keys(&alice_id, &alice.device_id, &key) });
+    let (status, body) = sa.post(&format!("{V3}/keys/upload"), upload).await;
+    assert_eq!(status, 200, "{body}");
+    until_changed(&mut wb, &alice_id, "alice's device keys").await;
+
+    let path = format!("{V3}/devices/{}", enc(&alice.device_id));
+    let (status, body) = sa.put(&path, json!({ "display_name": "alice's phone" })).await;
+    assert_eq!(status, 200, "{body}");
+    until_changed(&mut wb, &alice_id, "alice's device renamed").await;
+
+    let master = Key::new("alice-master");
+    let self_signing = Key::new("alice-self");
+    let user_signing = Key::new("alice-user");
+    let body = json!({
+        "master_key": cross_signing_key(&alice_id, "master", &master, None),
+        "self_signing_key": cross_signing_key(&alice_id, "self_signing", &self_signing, Some(&master)),
+        "user_signing_key": cross_signing_key(&alice_id, "user_signing", &user_signing, Some(&master)),
+        "auth": { "type": "m.login.password", "identifier": { "type": "m.id.user", "user": "alice" }, "password": "pw" },
+    });
+    let (status, answer) = sa.post(&format!("{V3}/keys/device_signing/upload"), body).await;
+    assert_eq!(status, 200, "{answer}");
+    until_changed(&mut wb, &alice_id, "alice's cross-signing keys").await;
+
+    let second = a.server.login("alice", "pw").await;
+    let body = json!({
+        "devices": [second.device_id],
+        "auth": { "type": "m.login.password", "identifier": { "type": "m.id.user", "user": "alice" }, "password": "pw" },
+    });
+    let (status, answer) = sa.post(&format!("{V3}/delete_devices"), body).await;
+    assert_eq!(status, 200, "{answer}");
+    until_changed(&mut wb, &alice_id, "alice's device deleted").await;
 }

@@ -186,7 +186,7 @@ pub async fn upload_device_keys(state: &AppState, me: &Requester, upload: Device
         }
         keys::put_device_keys(&state.db, user, device, &new_keys.to_string()).await?;
         if changed {
-            e2ee::device_list_changed(state, &me.user_id).await?;
+            e2ee::device_list_changed(state, &me.user_id, e2ee::DeviceChange::Devices(&[device])).await?;
         }
     }
     if upload.one_time_keys.is_empty() && upload.fallback_keys.is_empty() {
@@ -289,7 +289,7 @@ pub async fn upload_cross_signing_keys(
     if let Some(grant) = grant {
         grant.finish(state).await?;
     }
-    e2ee::device_list_changed(state, &me.user_id).await?;
+    e2ee::device_list_changed(state, &me.user_id, e2ee::DeviceChange::CrossSigning).await?;
     Ok(())
 }
 
@@ -357,7 +357,22 @@ pub async fn upload_signatures(
         }
         if !accepted.is_empty() {
             keys::put_key_signatures(&state.db, target.as_str(), &accepted).await?;
-            e2ee::device_list_changed(state, &target).await?;
+            // A signed device changes for the other servers; a signed
+            // cross-signing key (a public key, not a device id) too.
+            let known = keys::device_keys(&state.db, target.as_str()).await?;
+            let devices: Vec<&str> = known
+                .iter()
+                .map(|(d, _)| d.as_str())
+                .filter(|d| accepted.iter().any(|s| s.target_key_id == *d))
+                .collect();
+            let change = if target.server_name() != state.settings.server_name {
+                e2ee::DeviceChange::Remote
+            } else if devices.is_empty() {
+                e2ee::DeviceChange::CrossSigning
+            } else {
+                e2ee::DeviceChange::Devices(&devices)
+            };
+            e2ee::device_list_changed(state, &target, change).await?;
         }
     }
     Ok(failures)

@@ -60,6 +60,17 @@ pub enum Outgoing {
         /// When, ms since the epoch.
         ts: i64,
     },
+    /// Something about a user's devices or keys (`m.device_list_update`,
+    /// `m.signing_key_update`), for the servers sharing a room with them;
+    /// `key` names it in the queue.
+    AboutUser {
+        /// Whose.
+        user_id: OwnedUserId,
+        /// What it is about (a newer one with the same key replaces it).
+        key: String,
+        /// The whole EDU.
+        edu: Value,
+    },
     /// A presence change (only when presence is on).
     Presence {
         /// Whose.
@@ -96,6 +107,7 @@ impl Outgoing {
                     } } } }),
                 )
             }
+            Self::AboutUser { key, edu, .. } => (key.clone(), edu.clone()),
             Self::Presence { user_id, presence, status_msg, last_active_ago } => {
                 let mut push = json!({
                     "user_id": user_id,
@@ -145,11 +157,13 @@ async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
         Outgoing::Typing { room_id, .. } | Outgoing::Receipt { room_id, .. } => {
             store::servers_in_room(&state.db, room_id.as_str()).await?.into_iter().collect()
         }
-        Outgoing::Presence { user_id, .. } => crate::sync::room_peers(state, user_id)
-            .await?
-            .iter()
-            .filter_map(|peer| peer.split_once(':').map(|(_, server)| server.to_owned()))
-            .collect(),
+        Outgoing::Presence { user_id, .. } | Outgoing::AboutUser { user_id, .. } => {
+            crate::sync::room_peers(state, user_id)
+                .await?
+                .iter()
+                .filter_map(|peer| peer.split_once(':').map(|(_, server)| server.to_owned()))
+                .collect()
+        }
     };
     Ok(servers.into_iter().filter(|s| s != ours).collect())
 }
@@ -273,5 +287,5 @@ async fn device_list(state: &AppState, origin: &ServerName, content: &Value) -> 
     if !peers.iter().any(|p| p.split_once(':').is_some_and(|(_, server)| server == ours)) {
         return Err(Error::Forbidden(format!("{user} shares no room with a user here")));
     }
-    crate::account::e2ee::device_list_changed(state, &user).await
+    crate::account::e2ee::device_list_changed(state, &user, crate::account::e2ee::DeviceChange::Remote).await
 }

@@ -255,6 +255,14 @@ pub async fn device_list_changed(db: &Db, user: &str, stream: i64) -> Result<()>
     device_list_changed_in(&mut conn, user, stream).await
 }
 
+/// The device-list position of `user`'s latest change, if any.
+pub async fn last_device_list_change(db: &Db, user: &str) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT MAX(stream) FROM device_list_updates WHERE user_id = $1")
+        .bind(user)
+        .fetch_one(&mut db.reader())
+        .await?)
+}
+
 /// [`device_list_changed`] inside a transaction.
 pub async fn device_list_changed_in(conn: &mut AnyConnection, user: &str, stream: i64) -> Result<()> {
     sqlx::query("INSERT INTO device_list_updates (user_id, stream) VALUES ($1, $2)")

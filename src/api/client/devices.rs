@@ -73,6 +73,15 @@ async fn update(
     if !found {
         return Err(no_such_device());
     }
+    if req.body.display_name.is_some() {
+        let device = [req.body.device_id.as_str()];
+        crate::account::e2ee::device_list_changed(
+            &state,
+            &me.user_id,
+            crate::account::e2ee::DeviceChange::Devices(&device),
+        )
+        .await?;
+    }
     Ok(update_device::v3::Response::new())
 }
 
