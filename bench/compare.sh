@@ -6,6 +6,7 @@
 #   bench/compare.sh [--postgres] [--rounds N] [--only seqline|synapse] [--out DIR] [seqline-bench flags...]
 #   bench/compare.sh --members 100 --messages 1000        # a quick run
 #   bench/compare.sh                                        # the chapter: 500 members, 4,900 messages
+#   SEQLINE_BIN=/tmp/seqline-old bench/compare.sh --only seqline   # a binary built elsewhere
 #
 # Everything not listed above is passed to seqline-bench (--members,
 # --messages, --concurrency, --wake-samples, --growth ..., see
@@ -38,11 +39,19 @@ mkdir -p "$OUT"
 BACKEND=sqlite; [ "$POSTGRES" = 1 ] && BACKEND=postgres
 echo "results in $OUT (backend $BACKEND)"
 
-echo "== building seqline and seqline-bench (release)"
-cargo build --release --bin seqline -p seqline --quiet
-cargo build --release --bin seqline-bench -p seqline-bench --quiet
-SEQLINE="$CARGO_TARGET_DIR/release/seqline"
-BENCH="$CARGO_TARGET_DIR/release/seqline-bench"
+# SEQLINE_BIN / SEQLINE_BENCH_BIN: run these binaries as they are (say, a
+# copy built from another commit) instead of building the release ones.
+SEQLINE="${SEQLINE_BIN:-$CARGO_TARGET_DIR/release/seqline}"
+BENCH="${SEQLINE_BENCH_BIN:-$CARGO_TARGET_DIR/release/seqline-bench}"
+if [ -z "${SEQLINE_BIN:-}" ]; then
+  echo "== building seqline (release)"
+  cargo build --release --bin seqline -p seqline --quiet
+fi
+if [ -z "${SEQLINE_BENCH_BIN:-}" ]; then
+  echo "== building seqline-bench (release)"
+  cargo build --release --bin seqline-bench -p seqline-bench --quiet
+fi
+echo "seqline: $SEQLINE"
 
 if [ "$ONLY" != seqline ]; then
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import synapse' 2>/dev/null; then

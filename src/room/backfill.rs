@@ -107,8 +107,6 @@ pub(super) async fn insert_events(
         // An old state event held since the join (an outlier) is placed now.
         outliers::remove(tx.conn(), pdu.event_id.as_str()).await?;
         let json = pdu.to_json_string();
-        let prev: Vec<&str> = pdu.prev_events.iter().map(|id| id.as_str()).collect();
-        let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
         let kind = pdu.kind.to_string();
         let membership = pdu.state_key.is_some().then(|| membership_of(&batch.known, &pdu.event_id));
         let content = pdu.as_draft()?.content;
@@ -126,8 +124,6 @@ pub(super) async fn insert_events(
                 json: &json,
                 txn: None,
                 membership: membership.as_deref().filter(|_| kind == "m.room.member"),
-                prev_events: &prev,
-                auth_events: &auth,
                 relation: super::relations::relation_of(&content),
             },
         )

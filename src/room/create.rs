@@ -194,8 +194,6 @@ pub async fn create_room(state: &AppState, creator: &UserId, req: CreateRoom) ->
             json: &json,
             txn: None,
             membership: None,
-            prev_events: &[],
-            auth_events: &[],
             relation: None,
         },
     )

@@ -48,8 +48,6 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
 
     let join = &joined.join;
     let json = join.to_json_string();
-    let prev: Vec<&str> = join.prev_events.iter().map(|id| id.as_str()).collect();
-    let auth: Vec<&str> = join.auth_events.iter().map(|id| id.as_str()).collect();
     let reservation = state.streams.reserve();
     events::insert(
         tx.conn(),
@@ -65,8 +63,6 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
             json: &json,
             txn: None,
             membership: Some("join"),
-            prev_events: &prev,
-            auth_events: &auth,
             relation: None,
         },
     )
@@ -139,7 +135,6 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
 /// written when it is held already).
 pub(super) async fn hold(conn: &mut sqlx::AnyConnection, room: &str, pdu: &Pdu, now: i64) -> Result<()> {
     let json = pdu.to_json_string();
-    let auth: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
     let kind = pdu.kind.to_string();
     outliers::insert(
         conn,
@@ -151,7 +146,6 @@ pub(super) async fn hold(conn: &mut sqlx::AnyConnection, room: &str, pdu: &Pdu, 
             sender: pdu.sender.as_str(),
             origin_server_ts: i64::try_from(u64::from(pdu.origin_server_ts.0)).unwrap_or(i64::MAX),
             json: &json,
-            auth_events: &auth,
             received_ts: now,
         },
     )

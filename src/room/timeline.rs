@@ -554,8 +554,6 @@ impl RoomWriter {
             _ => None,
         };
         let json = pdu.to_json_string();
-        let prev_events: Vec<&str> = pdu.prev_events.iter().map(|id| id.as_str()).collect();
-        let auth_events: Vec<&str> = pdu.auth_events.iter().map(|id| id.as_str()).collect();
         let reservation = state.streams.reserve();
         let new = NewEvent {
             stream: reservation.pos,
@@ -569,8 +567,6 @@ impl RoomWriter {
             json: &json,
             txn: txn.map(|t| (t.device_id.as_str(), t.txn_id.as_str())),
             membership: member_value(&draft.kind, &draft.content),
-            prev_events: &prev_events,
-            auth_events: &auth_events,
             relation: super::relations::relation_of(&draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;

@@ -3,10 +3,14 @@
 //! extended downward, redactions waiting for their target, and the room's
 //! read epoch.
 
+use std::collections::{BTreeSet, HashSet};
+
 use sqlx::AnyConnection;
 
 use super::Db;
+use super::dag::prev_events_of;
 use super::memberships::Range;
+use super::outliers::{IDS_PER_QUERY, in_list};
 use crate::error::Result;
 
 /// How many of the lowest placed events are looked at for missing prevs (a
@@ -23,33 +27,42 @@ pub async fn bottom(db: &Db, room_id: &str) -> Result<Option<(i64, Vec<String>)>
     bottom_tx(&mut conn, room_id).await
 }
 
-/// [`bottom`] inside a transaction.
+/// [`bottom`] inside a transaction. The `prev_events` are read from the
+/// lowest events' PDUs.
 pub async fn bottom_tx(conn: &mut AnyConnection, room_id: &str) -> Result<Option<(i64, Vec<String>)>> {
-    let lowest: Option<i64> =
-        sqlx::query_scalar("SELECT seq FROM events WHERE room_id = $1 ORDER BY seq LIMIT 1")
+    let low: Vec<(i64, String)> =
+        sqlx::query_as("SELECT seq, json FROM events WHERE room_id = $1 ORDER BY seq LIMIT $2 + 0")
             .bind(room_id)
-            .fetch_optional(&mut *conn)
+            .bind(BOTTOM_EVENTS)
+            .fetch_all(&mut *conn)
             .await?;
-    let Some(lowest) = lowest else { return Ok(None) };
-    let missing: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT x.prev_id FROM \
-           (SELECT event_id FROM events WHERE room_id = $1 ORDER BY seq LIMIT $2 + 0) low \
-         JOIN event_edges x ON x.event_id = low.event_id \
-         WHERE NOT EXISTS (SELECT 1 FROM events p WHERE p.event_id = x.prev_id) \
-         ORDER BY x.prev_id",
-    )
-    .bind(room_id)
-    .bind(BOTTOM_EVENTS)
-    .fetch_all(&mut *conn)
-    .await?;
+    let Some(lowest) = low.first().map(|(seq, _)| *seq) else { return Ok(None) };
+    let mut prevs = BTreeSet::new();
+    for (_, json) in &low {
+        prevs.extend(prev_events_of(json)?);
+    }
+    let prevs: Vec<&str> = prevs.iter().map(String::as_str).collect();
+    let mut placed = HashSet::new();
+    for chunk in prevs.chunks(IDS_PER_QUERY) {
+        let sql = format!("SELECT event_id FROM events WHERE event_id {}", in_list(chunk.len()));
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        placed.extend(query.fetch_all(&mut *conn).await?);
+    }
     // What a hole in the middle lacks is not history below the bottom.
     let holes: Vec<String> = sqlx::query_scalar("SELECT missing_prevs FROM timeline_gaps WHERE room_id = $1")
         .bind(room_id)
         .fetch_all(&mut *conn)
         .await?;
-    let in_holes: std::collections::HashSet<String> =
+    let in_holes: HashSet<String> =
         holes.iter().flat_map(|m| serde_json::from_str::<Vec<String>>(m).unwrap_or_default()).collect();
-    let missing = missing.into_iter().filter(|id| !in_holes.contains(id)).collect();
+    let missing = prevs
+        .into_iter()
+        .filter(|id| !placed.contains(*id) && !in_holes.contains(*id))
+        .map(str::to_owned)
+        .collect();
     Ok(Some((lowest, missing)))
 }
 

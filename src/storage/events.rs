@@ -102,17 +102,13 @@ pub struct NewEvent<'a> {
     pub txn: Option<(&'a str, &'a str)>,
     /// For member events, `content.membership`.
     pub membership: Option<&'a str>,
-    /// Its `prev_events`.
-    pub prev_events: &'a [&'a str],
-    /// Its `auth_events`.
-    pub auth_events: &'a [&'a str],
     /// Its `content.m.relates_to`, when that names a parent and a type.
     pub relation: Option<super::relations::NewRelation<'a>>,
 }
 
-/// Appends an event at its seq with its DAG edges, its searchable text
-/// ([`super::search::index`]) and, for state events,
-/// records the change in `state_runs` (the state after an accepted state
+/// Appends an event at its seq with its searchable text
+/// ([`super::search::index`]; its DAG edges are in its PDU) and, for state
+/// events, records the change in `state_runs` (the state after an accepted state
 /// event holds it for its own key) and makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     insert_row(conn, e).await?;
@@ -123,8 +119,8 @@ pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Places an event at its seq with its DAG edges and nothing else: no
-/// `state_runs` row, no current state (backfill writes the state of the
+/// Places an event at its seq with its relation and searchable text and
+/// nothing else: no `state_runs` row, no current state (backfill writes the state of the
 /// positions it fills itself, and never moves the current state).
 pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
     sqlx::query(
@@ -144,7 +140,6 @@ pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()
     .bind(e.txn.map(|t| t.1))
     .execute(&mut *conn)
     .await?;
-    super::dag::insert_edges(conn, e.event_id, e.prev_events, e.auth_events).await?;
     if let Some(relation) = e.relation {
         super::relations::insert(conn, e.room_id, e.event_id, e.event_type, e.sender, e.seq, relation)
             .await?;

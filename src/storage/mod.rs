@@ -179,6 +179,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (30, "unread_candidates", include_str!("../../migrations/sqlite/0030_unread_candidates.sql")),
     (31, "fork_states", include_str!("../../migrations/sqlite/0031_fork_states.sql")),
     (32, "remote_knocks", include_str!("../../migrations/sqlite/0032_remote_knocks.sql")),
+    (33, "edges_from_pdus", include_str!("../../migrations/sqlite/0033_edges_from_pdus.sql")),
     (35, "edu_outbox", include_str!("../../migrations/sqlite/0035_edu_outbox.sql")),
 ];
 
@@ -214,6 +215,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (30, "unread_candidates", include_str!("../../migrations/postgres/0030_unread_candidates.sql")),
     (31, "fork_states", include_str!("../../migrations/postgres/0031_fork_states.sql")),
     (32, "remote_knocks", include_str!("../../migrations/postgres/0032_remote_knocks.sql")),
+    (33, "edges_from_pdus", include_str!("../../migrations/postgres/0033_edges_from_pdus.sql")),
     (35, "edu_outbox", include_str!("../../migrations/postgres/0035_edu_outbox.sql")),
 ];
 
@@ -382,6 +384,8 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+#[cfg(test)]
+mod dag_tests;
 #[cfg(test)]
 mod media_tests;
 #[cfg(test)]

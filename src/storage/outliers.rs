@@ -26,13 +26,11 @@ pub struct NewOutlier<'a> {
     pub origin_server_ts: i64,
     /// The PDU as received.
     pub json: &'a str,
-    /// Its `auth_events` (written to `event_auth_edges`).
-    pub auth_events: &'a [&'a str],
     /// When we received it.
     pub received_ts: i64,
 }
 
-/// Stores an outlier with its auth edges; false (and nothing written) when
+/// Stores an outlier (its edges are in its PDU); false (and nothing written) when
 /// the event is held already, as an outlier or placed.
 pub async fn insert(conn: &mut AnyConnection, o: &NewOutlier<'_>) -> Result<bool> {
     let done = sqlx::query(
@@ -50,15 +48,11 @@ pub async fn insert(conn: &mut AnyConnection, o: &NewOutlier<'_>) -> Result<bool
     .bind(o.received_ts)
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Ok(false);
-    }
-    super::dag::insert_edges(conn, o.event_id, &[], o.auth_events).await?;
-    Ok(true)
+    Ok(done.rows_affected() > 0)
 }
 
 /// Forgets an outlier that is being placed (its row in `events` takes
-/// over; its auth edges stay).
+/// over, with the same PDU).
 pub async fn remove(conn: &mut AnyConnection, event_id: &str) -> Result<()> {
     sqlx::query("DELETE FROM outliers WHERE event_id = $1").bind(event_id).execute(conn).await?;
     Ok(())

@@ -144,8 +144,6 @@ async fn migration_fills_the_index_and_the_write_path_keeps_it() {
                 json: &json,
                 txn: None,
                 membership: None,
-                prev_events: &[],
-                auth_events: &[],
                 relation: None,
             },
         )

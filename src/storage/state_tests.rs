@@ -1,5 +1,5 @@
 //! Storage tests of the federation foundations (`state_runs`, outliers, DAG
-//! edges), on SQLite and, when `SEQLINE_TEST_POSTGRES_URL` is set, on
+//! edges read from the PDUs), on SQLite and, when `SEQLINE_TEST_POSTGRES_URL` is set, on
 //! PostgreSQL (each run in its own schema).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -62,7 +62,7 @@ pub(crate) async fn backends() -> Vec<Fresh> {
 }
 
 impl Fresh {
-    async fn connect(&self) -> Db {
+    pub(crate) async fn connect(&self) -> Db {
         Db::connect(&self.url, SqliteSynchronous::Full).await.unwrap()
     }
 
@@ -458,33 +458,39 @@ async fn migration_keeps_every_state_answer() {
                 }
             }
 
-            // One state_runs row per state event, and the edges from the JSON.
+            // One state_runs row per state event, and the edges read from
+            // the PDUs (the edge tables 0017 filled are gone since 0033):
+            // each event's prev events, and its auth chain, the closure of
+            // the generated auth lists (v1/v2 pairs in room two).
             let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM state_runs WHERE room_id = $1")
                 .bind(room_id)
                 .fetch_one(&mut db.reader())
                 .await
                 .unwrap();
             assert_eq!(runs, evs.iter().filter(|e| e.state_key.is_some()).count() as i64, "{label}");
+            let auth_of: HashMap<&str, &[String]> =
+                evs.iter().map(|e| (e.event_id.as_str(), e.auth.as_slice())).collect();
             for e in evs {
-                let prev: BTreeSet<String> =
-                    sqlx::query_scalar("SELECT prev_id FROM event_edges WHERE event_id = $1")
-                        .bind(&e.event_id)
-                        .fetch_all(&mut db.reader())
-                        .await
-                        .unwrap()
-                        .into_iter()
-                        .collect();
-                assert_eq!(prev, e.prev.iter().cloned().collect(), "{label}: prev edges of {}", e.event_id);
-                let auth: BTreeSet<String> =
-                    sqlx::query_scalar("SELECT auth_id FROM event_auth_edges WHERE event_id = $1")
-                        .bind(&e.event_id)
-                        .fetch_all(&mut db.reader())
-                        .await
-                        .unwrap()
-                        .into_iter()
-                        .collect();
-                assert_eq!(auth, e.auth.iter().cloned().collect(), "{label}: auth edges of {}", e.event_id);
+                let stored = events::by_id(&db, &e.event_id).await.unwrap().unwrap();
+                assert_eq!(
+                    dag::prev_events_of(&stored.json).unwrap(),
+                    e.prev,
+                    "{label}: prevs of {}",
+                    e.event_id
+                );
+                let mut want = BTreeSet::new();
+                let mut todo: Vec<&str> = e.auth.iter().map(String::as_str).collect();
+                while let Some(id) = todo.pop() {
+                    if want.insert(id.to_owned()) {
+                        todo.extend(auth_of[id].iter().map(String::as_str));
+                    }
+                }
+                let chain: BTreeSet<String> =
+                    dag::auth_chain_ids(&db, &[e.event_id.as_str()]).await.unwrap().into_iter().collect();
+                assert_eq!(chain, want, "{label}: auth chain of {}", e.event_id);
             }
+            let bottom = super::backfill::bottom(&db, room_id).await.unwrap();
+            assert_eq!(bottom, Some((p(1), Vec::new())), "{label}: nothing missing below {room_id}");
         }
         assert!(checked > 3_000, "{label}: {checked} answers compared");
         db.close().await;
@@ -522,7 +528,6 @@ async fn outlier(
             sender: "@r:remote",
             origin_server_ts: 5,
             json: &json,
-            auth_events: auth,
             received_ts: 6,
         },
     )
@@ -578,8 +583,6 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
                 json: &join,
                 txn: None,
                 membership: Some("join"),
-                prev_events: &["$creator", "$topic"],
-                auth_events: &["$create", "$power", "$rules"],
                 relation: None,
             },
         )
@@ -669,8 +672,6 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
                 json: &topic2,
                 txn: None,
                 membership: None,
-                prev_events: &["$join"],
-                auth_events: &["$create", "$power"],
                 relation: None,
             },
         )
@@ -747,8 +748,6 @@ async fn snapshot_of_outliers_is_the_state_at_its_seq() {
                 json: &topic3,
                 txn: None,
                 membership: None,
-                prev_events: &["$topic2"],
-                auth_events: &["$create", "$power"],
                 relation: None,
             },
         )
@@ -909,20 +908,17 @@ async fn auth_chain_of_a_local_room() {
                 .unwrap();
             assert_eq!(runs, state_events as i64, "{label} {version}");
             for e in &room_events {
-                let prev: Vec<String> =
-                    sqlx::query_scalar("SELECT prev_id FROM event_edges WHERE event_id = $1")
-                        .bind(&e.event_id)
-                        .fetch_all(&state.db.pool)
-                        .await
-                        .unwrap();
                 let want: Vec<String> = by_id[&e.event_id]["prev_events"]
                     .as_array()
                     .unwrap()
                     .iter()
                     .map(|p| p.as_str().unwrap().to_owned())
                     .collect();
-                assert_eq!(prev, want, "{label} {version}: prev edges of {}", e.event_id);
+                assert_eq!(dag::prev_events_of(&e.json).unwrap(), want, "{label} {version}: {}", e.event_id);
             }
+            // Nothing is missing below the create event.
+            let bottom = crate::storage::backfill::bottom(&state.db, room_id.as_str()).await.unwrap();
+            assert_eq!(bottom, Some((crate::room::position::first(), Vec::new())), "{label} {version}");
         }
         state.db.close().await;
         let _ = std::fs::remove_dir_all(&dir);
