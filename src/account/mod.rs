@@ -4,6 +4,7 @@
 
 pub mod deactivate;
 pub mod e2ee;
+pub mod key_query;
 pub mod keys;
 pub mod profile;
 pub mod to_device;

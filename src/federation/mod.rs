@@ -15,6 +15,7 @@ pub mod knocking;
 pub mod resident;
 pub mod resolve;
 pub mod sender;
+pub mod user_keys;
 
 use ruma::api::auth_scheme::{AuthScheme, NoAuthentication};
 use ruma::api::federation::authentication::{ServerSignatures, XMatrixSigningInput};

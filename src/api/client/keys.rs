@@ -3,7 +3,10 @@
 //! signatures, and to-device messages. What an upload must carry (its
 //! signatures) is checked in `account::keys`.
 
+use std::collections::BTreeMap;
+
 use axum::Router;
+use ruma::OwnedUserId;
 use ruma::api::client::keys::{
     claim_keys, get_key_changes, get_keys, upload_keys, upload_signatures, upload_signing_keys,
 };
@@ -11,12 +14,10 @@ use ruma::api::client::to_device::send_event_to_device;
 use ruma::to_device::DeviceIdOrAllDevices;
 use serde_json::{Map, Value, json};
 
-use crate::account::{e2ee, keys as account_keys, to_device};
+use crate::account::{e2ee, key_query, keys as account_keys, to_device};
 use crate::api::extract::{Ruma, route_json};
 use crate::error::{Error, Result};
 use crate::state::AppState;
-use crate::storage::{devices, keys};
-use crate::streams::Change;
 
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
     let router = route_json(router, upload);
@@ -55,81 +56,31 @@ async fn upload(state: AppState, req: Ruma<upload_keys::v3::Request>) -> Result<
 
 async fn query(state: AppState, req: Ruma<get_keys::v3::Request>) -> Result<Value> {
     let me = req.requester()?;
-    let mut device_keys = Map::new();
-    let mut master = Map::new();
-    let mut self_signing = Map::new();
-    let mut user_signing = Map::new();
-    for (user, wanted) in &req.body.device_keys {
-        if user.server_name() != state.settings.server_name {
-            continue;
-        }
-        let signatures = keys::key_signatures(&state.db, user.as_str()).await?;
-        let (owner, viewer) = (user.as_str(), me.user_id.as_str());
-        let mut per_device = Map::new();
-        for (device, text) in keys::device_keys(&state.db, user.as_str()).await? {
-            if !wanted.is_empty() && !wanted.iter().any(|d| d.as_str() == device) {
-                continue;
-            }
-            let mut value: Value = serde_json::from_str(&text).unwrap_or_default();
-            account_keys::add_signatures(&mut value, owner, &device, &signatures, viewer);
-            if let Some(row) = devices::get(&state.db, user.as_str(), &device).await?
-                && let Some(name) = row.display_name
-            {
-                value["unsigned"] = json!({ "device_display_name": name });
-            }
-            per_device.insert(device, value);
-        }
-        device_keys.insert(user.to_string(), Value::Object(per_device));
-        for (kind, map) in [("master", &mut master), ("self_signing", &mut self_signing)] {
-            if let Some(text) = keys::cross_signing_key(&state.db, user.as_str(), kind).await? {
-                let mut value: Value = serde_json::from_str(&text).unwrap_or_default();
-                if let Some(public) = account_keys::cross_signing_public_key(&value) {
-                    account_keys::add_signatures(&mut value, owner, &public, &signatures, viewer);
-                }
-                map.insert(user.to_string(), value);
-            }
-        }
-        if *user == me.user_id
-            && let Some(text) = keys::cross_signing_key(&state.db, user.as_str(), "user_signing").await?
-        {
-            user_signing.insert(user.to_string(), serde_json::from_str(&text).unwrap_or_default());
-        }
-    }
-    Ok(json!({
-        "device_keys": device_keys,
-        "master_keys": master,
-        "self_signing_keys": self_signing,
-        "user_signing_keys": user_signing,
-        "failures": {},
-    }))
+    let wanted: BTreeMap<OwnedUserId, Vec<String>> = req
+        .body
+        .device_keys
+        .iter()
+        .map(|(user, devices)| (user.clone(), devices.iter().map(|d| d.to_string()).collect()))
+        .collect();
+    let timeout =
+        key_query::timeout_of(req.body.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+    Ok(key_query::query(&state, &me.user_id, &wanted, timeout).await?.to_json())
 }
 
 async fn claim(state: AppState, req: Ruma<claim_keys::v3::Request>) -> Result<Value> {
     req.requester()?;
-    let mut out = Map::new();
-    for (user, devices) in &req.body.one_time_keys {
-        let mut per_device = Map::new();
-        for (device, algorithm) in devices {
-            let (u, d, a) = (user.as_str(), device.as_str(), algorithm.as_str());
-            // The owner's key counts move: a position says so to their syncs.
-            let reservation = state.streams.reserve();
-            let key = match keys::claim_one_time_key(&state.db, u, d, a).await? {
-                Some(k) => Some(k),
-                None => keys::use_fallback_key(&state.db, u, d, a).await?,
-            };
-            reservation.finish(Change::Keys { user: u.to_owned() });
-            if let Some((key_id, text)) = key {
-                per_device.insert(
-                    d.to_owned(),
-                    json!({ key_id: serde_json::from_str::<Value>(&text).unwrap_or_default() }),
-                );
-            }
-        }
-        if !per_device.is_empty() {
-            out.insert(user.to_string(), Value::Object(per_device));
-        }
-    }
-    Ok(json!({ "one_time_keys": out, "failures": {} }))
+    let wanted: BTreeMap<OwnedUserId, BTreeMap<String, String>> = req
+        .body
+        .one_time_keys
+        .iter()
+        .map(|(user, devices)| {
+            (user.clone(), devices.iter().map(|(d, a)| (d.to_string(), a.to_string())).collect())
+        })
+        .collect();
+    let timeout =
+        key_query::timeout_of(req.body.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+    let (keys, failures) = key_query::claim(&state, &wanted, timeout).await?;
+    Ok(json!({ "one_time_keys": keys, "failures": failures }))
 }
 
 async fn changes(state: AppState, req: Ruma<get_key_changes::v3::Request>) -> Result<Value> {

@@ -20,6 +20,7 @@ use ruma::api::{IncomingRequest, Metadata};
 use ruma::{OwnedServerName, ServerName, UserId};
 
 mod rooms;
+mod user;
 mod v1;
 
 use super::extract::RumaResponse;
@@ -207,6 +208,9 @@ pub fn router(state: AppState) -> Router {
     let router = route(router, rooms::backfill);
     let router = route(router, rooms::missing_events);
     let router = route(router, rooms::hierarchy);
+    let router = route(router, user::devices);
+    let router = route(router, user::query);
+    let router = route(router, user::claim);
     router
         .fallback(|| async { Error::Unrecognized })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })

@@ -1,0 +1,130 @@
+//! Keys across servers: a user of one seqline server queries and claims
+//! the keys of a user of another (`/keys/query`, `/keys/claim`, answered
+//! there through `/user/keys/query`, `/user/keys/claim`; the device list
+//! through `/user/devices/{userId}`): device keys with their owner's
+//! signatures, cross-signing keys (never the user-signing key), one-time
+//! keys each claimed once, then the fallback key. A server that does not
+//! answer is listed in `failures` within the asker's timeout; another
+//! server is answered only about our users.
+
+use complement_tests::api::{V3, enc};
+use complement_tests::backend_tests;
+use complement_tests::e2ee::{Key, cross_signing_key, device_keys, signed_one_time_key};
+use complement_tests::fake::FakeServer;
+use complement_tests::federation::FedServer;
+use complement_tests::harness::Backend;
+use serde_json::json;
+
+backend_tests!(keys_are_queried_and_claimed_across_servers, other_servers_get_only_our_users_keys);
+
+/// alice on A uploads device keys, two one-time keys, a fallback key and
+/// cross-signing keys; bob on B sees them all (a third server that does not
+/// answer shows in `failures`) and claims the one-time keys once each, then
+/// the fallback key.
+async fn keys_are_queried_and_claimed_across_servers(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let alice_id = a.user_id("alice");
+    let device = alice.device_id.clone();
+    let key = Key::new("alice-device");
+    let keys = device_keys(&alice_id, &device, &key);
+    let otk = |n: &str| signed_one_time_key(&alice_id, &device, &key, n);
+    let upload = json!({
+        "device_keys": keys,
+        "one_time_keys": { "signed_curve25519:AAAA": otk("one"), "signed_curve25519:AAAB": otk("two") },
+        "fallback_keys": { "signed_curve25519:FFFF": otk("fallback") },
+    });
+    let (status, body) = a.server.post(&format!("{V3}/keys/upload"), Some(&alice.token), upload).await;
+    assert_eq!(status, 200, "{body}");
+    let master = Key::new("alice-master");
+    let auth = json!({ "type": "m.login.password", "identifier": { "type": "m.id.user", "user": "alice" }, "password": "pw" });
+    let signing = json!({
+        "master_key": cross_signing_key(&alice_id, "master", &master, None),
+        "self_signing_key": cross_signing_key(&alice_id, "self_signing", &Key::new("alice-self"), Some(&master)),
+        "user_signing_key": cross_signing_key(&alice_id, "user_signing", &Key::new("alice-user"), Some(&master)),
+        "auth": auth,
+    });
+    let (status, body) =
+        a.server.post(&format!("{V3}/keys/device_signing/upload"), Some(&alice.token), signing).await;
+    assert_eq!(status, 200, "{body}");
+
+    // A closed port: that server cannot answer.
+    let nowhere = "@carol:127.0.0.1:9";
+    let started = std::time::Instant::now();
+    let query = json!({ "device_keys": { alice_id.as_str(): [], nowhere: [] }, "timeout": 3000 });
+    let (status, answer) = b.server.post(&format!("{V3}/keys/query"), Some(&bob.token), query).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    let got = &answer["device_keys"][&alice_id][&device];
+    assert_eq!(got["keys"], keys["keys"], "{answer}");
+    assert_eq!(got["signatures"][&alice_id], keys["signatures"][&alice_id], "{answer}");
+    assert_eq!(answer["master_keys"][&alice_id]["keys"][master.id()], master.public.as_str(), "{answer}");
+    assert!(answer["self_signing_keys"][&alice_id].is_object(), "{answer}");
+    assert!(answer["user_signing_keys"][&alice_id].is_null(), "{answer}");
+    assert!(answer["failures"]["127.0.0.1:9"].is_object(), "{answer}");
+    assert!(answer["failures"][&a.name].is_null(), "{answer}");
+
+    let claim = json!({ "one_time_keys": { alice_id.as_str(): { device.as_str(): "signed_curve25519" } } });
+    let mut claimed = Vec::new();
+    for _ in 0..4 {
+        let (status, answer) =
+            b.server.post(&format!("{V3}/keys/claim"), Some(&bob.token), claim.clone()).await;
+        assert_eq!(status, 200, "{answer}");
+        let keys = answer["one_time_keys"][&alice_id][&device].as_object().cloned().unwrap_or_default();
+        claimed.push(
+            keys.iter()
+                .map(|(id, k)| format!("{id}={}", k["key"].as_str().unwrap_or("?")))
+                .collect::<Vec<_>>(),
+        );
+    }
+    claimed[..2].sort();
+    assert_eq!(
+        claimed,
+        [
+            vec!["signed_curve25519:AAAA=one".to_owned()],
+            vec!["signed_curve25519:AAAB=two".to_owned()],
+            vec!["signed_curve25519:FFFF=fallback".to_owned()],
+            vec!["signed_curve25519:FFFF=fallback".to_owned()],
+        ]
+    );
+}
+
+/// A server asking about users who are not ours (a third server's, one that
+/// does not exist) gets nothing for them, and a device list only for ours.
+async fn other_servers_get_only_our_users_keys(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let key = Key::new("alice-device");
+    let upload = json!({ "device_keys": device_keys(&alice_id, &alice.device_id, &key) });
+    let (status, body) = seq.server.post(&format!("{V3}/keys/upload"), Some(&alice.token), upload).await;
+    assert_eq!(status, 200, "{body}");
+
+    let body = json!({ "device_keys": { alice_id.as_str(): [], "@carol:third.example": [], format!("@ghost:{}", seq.name): [] } });
+    let (status, answer) =
+        fake.call(&seq, "POST", "/_matrix/federation/v1/user/keys/query", Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let users: Vec<&String> = answer["device_keys"].as_object().unwrap().keys().collect();
+    assert!(users.contains(&&alice_id) && !users.iter().any(|u| u.contains("carol")), "{answer}");
+    assert_eq!(
+        answer["device_keys"][&alice_id][&alice.device_id]["keys"],
+        device_keys(&alice_id, &alice.device_id, &key)["keys"]
+    );
+
+    let path = format!("/_matrix/federation/v1/user/devices/{}", enc(&alice_id));
+    let (status, answer) = fake.call(&seq, "GET", &path, None).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["user_id"], alice_id.as_str());
+    assert_eq!(answer["devices"][0]["device_id"], alice.device_id.as_str(), "{answer}");
+    assert!(answer["stream_id"].as_i64().is_some(), "{answer}");
+    for user in ["@carol:third.example".to_owned(), format!("@ghost:{}", seq.name)] {
+        let path = format!("/_matrix/federation/v1/user/devices/{}", enc(&user));
+        let (status, answer) = fake.call(&seq, "GET", &path, None).await;
+        assert_eq!((status, answer["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{user}: {answer}");
+    }
+    let body = json!({ "one_time_keys": { "@carol:third.example": { "DEV": "signed_curve25519" } } });
+    let (status, answer) =
+        fake.call(&seq, "POST", "/_matrix/federation/v1/user/keys/claim", Some(&body)).await;
+    assert_eq!((status, &answer["one_time_keys"]), (200, &json!({})), "{answer}");
+}

@@ -1,0 +1,140 @@
+//! Asking other servers for their users' keys (`/user/keys/query`,
+//! `/user/keys/claim`): one request per server, all at once, each bounded
+//! by the asker's timeout. A server that fails or does not answer in time
+//! goes into `failures` (by server name) and delays no one else; what a
+//! server answers counts only for its own users.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ruma::api::federation::keys::{claim_keys, get_keys};
+use ruma::{OwnedDeviceId, OwnedServerName, OwnedUserId};
+use serde_json::{Map, Value, json};
+
+use crate::account::key_query::Keys;
+use crate::state::AppState;
+
+/// Groups `wanted` by the users' servers.
+fn by_server<T: Clone>(
+    wanted: &BTreeMap<OwnedUserId, T>,
+) -> BTreeMap<OwnedServerName, BTreeMap<OwnedUserId, T>> {
+    let mut out: BTreeMap<OwnedServerName, BTreeMap<OwnedUserId, T>> = BTreeMap::new();
+    for (user, value) in wanted {
+        out.entry(user.server_name().to_owned()).or_default().insert(user.clone(), value.clone());
+    }
+    out
+}
+
+/// Why a server gave nothing, as `failures` lists it.
+fn failure(why: impl std::fmt::Display) -> Value {
+    json!({ "errcode": "M_UNAVAILABLE", "error": why.to_string() })
+}
+
+/// Parses a raw JSON answer part.
+fn value(raw: &serde_json::value::RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or_default()
+}
+
+/// Adds to `answer` what the servers of `wanted` (user -> devices, none:
+/// all) say of their users' keys.
+pub async fn query(
+    state: &AppState,
+    wanted: &BTreeMap<OwnedUserId, Vec<String>>,
+    timeout: Duration,
+    answer: &mut Keys,
+) {
+    if state.settings.federation.is_none() {
+        return;
+    }
+    let mut asks = tokio::task::JoinSet::new();
+    for (server, users) in by_server(wanted) {
+        let request: BTreeMap<OwnedUserId, Vec<OwnedDeviceId>> =
+            users.into_iter().map(|(u, d)| (u, d.into_iter().map(OwnedDeviceId::from).collect())).collect();
+        let state = state.clone();
+        asks.spawn(async move {
+            let asked = super::send(&state, &server, get_keys::v1::Request::new(request));
+            let result = tokio::time::timeout(timeout, asked).await;
+            (server, result)
+        });
+    }
+    while let Some(Ok((server, result))) = asks.join_next().await {
+        let response = match result {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                answer.failures.insert(server.to_string(), failure(e));
+                continue;
+            }
+            Err(_) => {
+                answer.failures.insert(server.to_string(), failure("timed out"));
+                continue;
+            }
+        };
+        let own = |user: &OwnedUserId| user.server_name() == server;
+        for (user, devices) in response.device_keys.iter().filter(|(u, _)| own(u)) {
+            let per_device: Map<String, Value> =
+                devices.iter().map(|(d, raw)| (d.to_string(), value(raw.json()))).collect();
+            answer.device_keys.insert(user.to_string(), Value::Object(per_device));
+        }
+        for (user, raw) in response.master_keys.iter().filter(|(u, _)| own(u)) {
+            answer.master_keys.insert(user.to_string(), value(raw.json()));
+        }
+        for (user, raw) in response.self_signing_keys.iter().filter(|(u, _)| own(u)) {
+            answer.self_signing_keys.insert(user.to_string(), value(raw.json()));
+        }
+    }
+}
+
+/// Adds to `keys` what the servers of `wanted` (user -> device ->
+/// algorithm) give of their users' one-time keys; those that fail go to
+/// `failures`.
+pub async fn claim(
+    state: &AppState,
+    wanted: &BTreeMap<OwnedUserId, BTreeMap<String, String>>,
+    timeout: Duration,
+    keys: &mut Map<String, Value>,
+    failures: &mut Map<String, Value>,
+) {
+    if state.settings.federation.is_none() {
+        return;
+    }
+    let mut asks = tokio::task::JoinSet::new();
+    for (server, users) in by_server(wanted) {
+        let request: claim_keys::v1::OneTimeKeyClaims = users
+            .into_iter()
+            .map(|(u, d)| {
+                (u, d.into_iter().map(|(d, a)| (OwnedDeviceId::from(d), a.as_str().into())).collect())
+            })
+            .collect();
+        let state = state.clone();
+        asks.spawn(async move {
+            let asked = super::send(&state, &server, claim_keys::v1::Request::new(request));
+            let result = tokio::time::timeout(timeout, asked).await;
+            (server, result)
+        });
+    }
+    while let Some(Ok((server, result))) = asks.join_next().await {
+        match result {
+            Ok(Ok(response)) => {
+                for (user, devices) in
+                    response.one_time_keys.iter().filter(|(u, _)| u.server_name() == server)
+                {
+                    let per_device: Map<String, Value> = devices
+                        .iter()
+                        .map(|(d, by_id)| {
+                            let ids: Map<String, Value> =
+                                by_id.iter().map(|(id, raw)| (id.to_string(), value(raw.json()))).collect();
+                            (d.to_string(), Value::Object(ids))
+                        })
+                        .collect();
+                    keys.insert(user.to_string(), Value::Object(per_device));
+                }
+            }
+            Ok(Err(e)) => {
+                failures.insert(server.to_string(), failure(e));
+            }
+            Err(_) => {
+                failures.insert(server.to_string(), failure("timed out"));
+            }
+        }
+    }
+}
