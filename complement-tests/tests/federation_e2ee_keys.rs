@@ -15,7 +15,11 @@ use complement_tests::federation::FedServer;
 use complement_tests::harness::Backend;
 use serde_json::json;
 
-backend_tests!(keys_are_queried_and_claimed_across_servers, other_servers_get_only_our_users_keys);
+backend_tests!(
+    keys_are_queried_and_claimed_across_servers,
+    other_servers_get_only_our_users_keys,
+    an_encrypted_room_joined_over_federation_says_so,
+);
 
 /// alice on A uploads device keys, two one-time keys, a fallback key and
 /// cross-signing keys; bob on B sees them all (a third server that does not
@@ -127,4 +131,40 @@ async fn other_servers_get_only_our_users_keys(backend: Backend) {
     let (status, answer) =
         fake.call(&seq, "POST", "/_matrix/federation/v1/user/keys/claim", Some(&body)).await;
     assert_eq!((status, &answer["one_time_keys"]), (200, &json!({})), "{answer}");
+}
+
+/// bob on B joins alice's encrypted room on A (invited): his /sync has the
+/// room's `m.room.encryption` (the joiner's client encrypts by it), and so
+/// does his first sync after the join.
+async fn an_encrypted_room_joined_over_federation_says_so(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let bob_id = b.user_id("bob");
+    let encryption = json!({ "type": "m.room.encryption", "state_key": "", "content": { "algorithm": "m.megolm.v1.aes-sha2" } });
+    let body = json!({ "preset": "private_chat", "initial_state": [encryption], "invite": [bob_id] });
+    let room = complement_tests::api::create_room(&a.server, &alice, body).await;
+    let (status, first) = b.server.get(&format!("{V3}/sync"), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{first}");
+    let since = first["next_batch"].as_str().unwrap().to_owned();
+    let path = format!("{V3}/join/{}?server_name={}", enc(&room), enc(&a.name));
+    let (status, joined) = b.server.post(&path, Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200, "{joined}");
+    let has_encryption = |sync: &serde_json::Value| {
+        let joined = &sync["rooms"]["join"][&room];
+        ["state", "timeline"].iter().any(|section| {
+            joined[section]["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["type"] == "m.room.encryption")
+        })
+    };
+    let (status, incremental) =
+        b.server.get(&format!("{V3}/sync?since={}", enc(&since)), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{incremental}");
+    assert!(has_encryption(&incremental), "{incremental}");
+    let (status, initial) = b.server.get(&format!("{V3}/sync"), Some(&bob.token)).await;
+    assert_eq!(status, 200, "{initial}");
+    assert!(has_encryption(&initial), "{initial}");
 }

@@ -31,10 +31,11 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use complement_tests::backend_tests;
+use complement_tests::federation::FedServer;
 use complement_tests::harness::{Backend, Server};
 use tokio::process::Command;
 
-backend_tests!(matrix_nio_flows, matrix_js_sdk_flow, hydrogen_flow);
+backend_tests!(matrix_nio_flows, matrix_nio_e2ee_across_servers, matrix_js_sdk_flow, hydrogen_flow);
 
 /// The first run installs from PyPI or npm (and apt, for Chromium); later
 /// ones only check a stamp.
@@ -123,6 +124,29 @@ async fn matrix_nio_flows(backend: Backend) {
         "matrix-nio flow failed ({}); its output is above. Server log:\n{}",
         failed.join(", "),
         server.log()
+    );
+}
+
+/// The encrypted nio flow with alice on one seqline server and bob on
+/// another: the invite, the join, and every message cross servers, and so do
+/// the device-key queries, one-time-key claims and room-key to-device
+/// messages encryption needs; each decrypts every message of the other.
+async fn matrix_nio_e2ee_across_servers(backend: Backend) {
+    let python = nio_python().await;
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let mut cmd = Command::new(&python);
+    cmd.env("PYTHONUNBUFFERED", "1")
+        .arg(nio_dir().join("flow.py"))
+        .arg(&a.server.base_url)
+        .arg(&a.name)
+        .args(["--prefix", "fed", "--bob-homeserver", &b.server.base_url, "--bob-server-name", &b.name]);
+    let output = run(cmd, FLOW_TIMEOUT, "flow.py (e2ee, two servers)").await;
+    eprintln!("---- flow.py (e2ee, two servers): {}\n{}", output.status, text(&output));
+    assert!(
+        output.status.success(),
+        "matrix-nio flow across servers failed; its output is above. Alice's server:\n{}\nBob's server:\n{}",
+        a.server.log(),
+        b.server.log()
     );
 }
 

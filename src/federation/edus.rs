@@ -168,6 +168,22 @@ async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
     Ok(servers.into_iter().filter(|s| s != ours).collect())
 }
 
+/// Whether an EDU of `kind` is taken before the PDUs of its transaction:
+/// to-device messages and key changes are, so that a room key sent just
+/// before an encrypted message is there when a client reads the message;
+/// the room's own EDUs (typing, receipts, presence) come after the PDUs,
+/// which may be what makes their users members.
+pub fn before_pdus(raw: &RawJsonValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(borrow)]
+        edu_type: Option<&'a str>,
+    }
+    serde_json::from_str::<Kind<'_>>(raw.get()).ok().and_then(|k| k.edu_type).is_some_and(|kind| {
+        matches!(kind, "m.direct_to_device" | "m.device_list_update" | "m.signing_key_update")
+    })
+}
+
 /// Takes the EDUs of a transaction from `origin`, each on its own.
 pub async fn receive(state: &AppState, origin: &ServerName, edus: &[&RawJsonValue]) {
     for raw in edus {

@@ -371,8 +371,9 @@ fn parents_first(batch: Vec<Pdu>) -> Vec<Pdu> {
 pub type PduResults = BTreeMap<OwnedEventId, std::result::Result<(), String>>;
 
 /// Handles `PUT /send/{txnId}` from `origin`: a transaction seen before gets
-/// the answer it got then; otherwise each PDU is handled in order, then the
-/// EDUs (`edus::receive`, each on its own), and the answer is remembered.
+/// the answer it got then; otherwise its to-device and key EDUs are taken,
+/// each PDU in order, then the room's EDUs (`edus::receive`, each on its
+/// own, see `edus::before_pdus`), and the answer is remembered.
 pub async fn transaction(
     state: &AppState,
     origin: &ServerName,
@@ -390,6 +391,9 @@ pub async fn transaction(
             serde_json::from_str(&saved).map_err(|e| Error::Internal(format!("saved transaction: {e}")))?;
         return Ok(saved.into_iter().map(|(id, e)| (id, e.map_or(Ok(()), Err))).collect());
     }
+    let (early, late): (Vec<&RawJsonValue>, Vec<&RawJsonValue>) =
+        edus.iter().copied().partition(|raw| super::edus::before_pdus(raw));
+    super::edus::receive(state, origin, &early).await;
     let mut results = PduResults::new();
     for raw in pdus {
         let (id, result) = receive_pdu(state, origin, raw).await;
@@ -404,7 +408,7 @@ pub async fn transaction(
             results.insert(id, result.map_err(|e| e.to_string()));
         }
     }
-    super::edus::receive(state, origin, edus).await;
+    super::edus::receive(state, origin, &late).await;
     let saved: BTreeMap<&OwnedEventId, Option<&String>> =
         results.iter().map(|(id, r)| (id, r.as_ref().err())).collect();
     let saved = serde_json::to_string(&saved).map_err(|e| Error::Internal(e.to_string()))?;

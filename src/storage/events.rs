@@ -207,6 +207,17 @@ pub async fn register_key(
     Ok(())
 }
 
+/// Whether `room_id` has an event placed below position `seq` (one seek).
+pub async fn placed_before(db: &Db, room_id: &str, seq: i64) -> Result<bool> {
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT seq FROM events WHERE room_id = $1 AND seq < $2 LIMIT 1")
+            .bind(room_id)
+            .bind(seq)
+            .fetch_optional(&mut db.reader())
+            .await?;
+    Ok(found.is_some())
+}
+
 /// The current state event for (type, state key), inside a transaction.
 pub async fn current_state_event(
     conn: &mut AnyConnection,

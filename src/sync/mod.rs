@@ -658,6 +658,21 @@ async fn state_section(
     let in_timeline: Vec<&str> = timeline.iter().map(|e| e.stored.event_id.as_str()).collect();
     let senders: Vec<String> = timeline.iter().map(|e| e.pdu.sender.to_string()).collect();
     let room_id = view.room.room_id.as_str();
+    // Nothing is placed before the timeline's first event when it is the
+    // first position of a room joined over federation (the join, with the
+    // room's whole state): the state there, less the timeline's own events,
+    // is the state before it.
+    let first = timeline.first().map(|e| e.stored.seq);
+    let at = match first {
+        Some(first)
+            if changed_after.is_none()
+                && at < first
+                && !events::placed_before(&state.db, room_id, first).await? =>
+        {
+            first
+        }
+        _ => at,
+    };
     let rows = match changed_after {
         // Incremental: only what changed since, read from that stretch alone.
         Some(Changed { after, read }) => {

@@ -2,6 +2,7 @@
 """A real Matrix client (matrix-nio) against a seqline server.
 
     flow.py HOMESERVER_URL SERVER_NAME [--plain] [--prefix P]
+            [--bob-homeserver URL --bob-server-name NAME]
 
 Two users register (UIA with m.login.dummy: alice in one request, bob through
 the 401 flows/session step first) and log in on new devices; alice creates a
@@ -11,6 +12,10 @@ by both through timeline events in /sync (bodies, senders, order, and, when
 encrypted, decrypted); bob pages back with /messages to the room's create event
 (all 25 in order); bob leaves, alice sees the leave, bob sees the room under
 rooms.leave; both log out.
+
+With --bob-homeserver, bob lives on a second server: the invite, his join,
+every message (and, encrypted, the device-key queries, one-time-key claims
+and room-key to-device messages behind them) cross between the two servers.
 
 nio validates every response and event against its JSON schemas. A response it
 rejects is reported with the schema, the error and the body; that, or any
@@ -292,20 +297,23 @@ async def login(hs: str, name: str, user_id: str, store: str, e2e: bool) -> Peer
     return peer
 
 
-async def flow(hs: str, server_name: str, e2e: bool, prefix: str, store: str) -> None:
+async def flow(
+    hs: str, server_name: str, e2e: bool, prefix: str, store: str, bob_hs: str, bob_server_name: str
+) -> None:
     timer = Timer()
     mode = "end-to-end encrypted (Megolm, vodozemac)" if e2e else "unencrypted"
-    print(f"matrix-nio flow against {hs} ({server_name}), {mode} room", flush=True)
+    where = f"{hs} ({server_name})" + (f", bob on {bob_hs} ({bob_server_name})" if bob_hs != hs else "")
+    print(f"matrix-nio flow against {where}, {mode} room", flush=True)
 
     alice_id = await register(hs, f"{prefix}_alice", interactive=False)
-    bob_id = await register(hs, f"{prefix}_bob", interactive=True)
-    for uid, local in ((alice_id, "alice"), (bob_id, "bob")):
-        if uid != f"@{prefix}_{local}:{server_name}":
-            raise Failure(f"registered as {uid}, expected @{prefix}_{local}:{server_name}")
+    bob_id = await register(bob_hs, f"{prefix}_bob", interactive=True)
+    for uid, local, name in ((alice_id, "alice", server_name), (bob_id, "bob", bob_server_name)):
+        if uid != f"@{prefix}_{local}:{name}":
+            raise Failure(f"registered as {uid}, expected @{prefix}_{local}:{name}")
     timer.lap("register alice (dummy) and bob (401 flows, then dummy with session), log out")
 
     alice = await login(hs, "alice", alice_id, f"{store}/alice", e2e)
-    bob = await login(hs, "bob", bob_id, f"{store}/bob", e2e)
+    bob = await login(bob_hs, "bob", bob_id, f"{store}/bob", e2e)
     joined: list[str] = []
 
     async def on_invite(room: Any, event: InviteMemberEvent) -> None:
@@ -431,6 +439,8 @@ async def main() -> int:
     parser.add_argument("--plain", action="store_true", help="an unencrypted room")
     parser.add_argument("--prefix", default="nio", help="localpart prefix for the two users")
     parser.add_argument("--timeout", type=float, default=120.0, help="whole-flow limit in seconds")
+    parser.add_argument("--bob-homeserver", help="bob's server, when not alice's")
+    parser.add_argument("--bob-server-name", help="the server name in bob's user id")
     args = parser.parse_args()
 
     nio_log = logging.getLogger("nio")
@@ -444,7 +454,15 @@ async def main() -> int:
     code = 0
     try:
         await asyncio.wait_for(
-            flow(args.homeserver.rstrip("/"), args.server_name, not args.plain, args.prefix, store),
+            flow(
+                args.homeserver.rstrip("/"),
+                args.server_name,
+                not args.plain,
+                args.prefix,
+                store,
+                (args.bob_homeserver or args.homeserver).rstrip("/"),
+                args.bob_server_name or args.server_name,
+            ),
             args.timeout,
         )
     except Failure as e:
