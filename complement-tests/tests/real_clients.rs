@@ -33,9 +33,16 @@ use std::time::{Duration, Instant};
 use complement_tests::backend_tests;
 use complement_tests::federation::FedServer;
 use complement_tests::harness::{Backend, Server};
+use complement_tests::synapse::{Synapse, SynapseOptions};
 use tokio::process::Command;
 
-backend_tests!(matrix_nio_flows, matrix_nio_e2ee_across_servers, matrix_js_sdk_flow, hydrogen_flow);
+backend_tests!(
+    matrix_nio_flows,
+    matrix_nio_e2ee_across_servers,
+    matrix_nio_e2ee_with_synapse,
+    matrix_js_sdk_flow,
+    hydrogen_flow
+);
 
 /// The first run installs from PyPI or npm (and apt, for Chromium); later
 /// ones only check a stamp.
@@ -147,6 +154,27 @@ async fn matrix_nio_e2ee_across_servers(backend: Backend) {
         "matrix-nio flow across servers failed; its output is above. Alice's server:\n{}\nBob's server:\n{}",
         a.server.log(),
         b.server.log()
+    );
+}
+
+/// The encrypted nio flow with alice on seqline and bob on a real Synapse:
+/// each decrypts every message of the other.
+async fn matrix_nio_e2ee_with_synapse(backend: Backend) {
+    let python = nio_python().await;
+    let (a, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let mut cmd = Command::new(&python);
+    cmd.env("PYTHONUNBUFFERED", "1")
+        .arg(nio_dir().join("flow.py"))
+        .arg(&a.server.base_url)
+        .arg(&a.name)
+        .args(["--prefix", "syn", "--bob-homeserver", &syn.client_url, "--bob-server-name", &syn.name]);
+    let output = run(cmd, FLOW_TIMEOUT, "flow.py (e2ee, seqline and Synapse)").await;
+    eprintln!("---- flow.py (e2ee, seqline and Synapse): {}\n{}", output.status, text(&output));
+    assert!(
+        output.status.success(),
+        "matrix-nio flow with Synapse failed; its output is above. seqline:\n{}\nSynapse:\n{}",
+        a.server.log(),
+        syn.log_tail()
     );
 }
 
