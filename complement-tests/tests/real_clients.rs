@@ -41,6 +41,8 @@ backend_tests!(
     matrix_nio_e2ee_across_servers,
     matrix_nio_e2ee_with_synapse,
     matrix_js_sdk_flow,
+    matrix_js_sdk_across_servers,
+    matrix_js_sdk_with_synapse,
     hydrogen_flow
 );
 
@@ -231,6 +233,47 @@ async fn matrix_js_sdk_flow(backend: Backend) {
     let prefix = format!("jssdk_{}", backend_name(&backend));
     let output = js_flow(&node, "matrix-js-sdk/flow.mjs", &server, &["--prefix", &prefix]).await;
     assert!(output.contains("OK: matrix-js-sdk flow passed"), "no OK line:\n{output}");
+}
+
+/// The matrix-js-sdk flow (Rust crypto, plain and encrypted rooms, history,
+/// cross-signing) with alice on seqline and bob on another server: `bob_url`
+/// and `bob_name`; `logs` adds what the servers wrote when it fails.
+async fn js_flow_across(a: &FedServer, bob_url: &str, bob_name: &str, logs: impl Fn() -> String) {
+    let node = js_node(false).await;
+    let mut cmd = Command::new(&node);
+    cmd.arg(js_dir().join("matrix-js-sdk/flow.mjs")).arg(&a.server.base_url).arg(&a.name).args([
+        "--prefix",
+        "fed",
+        "--bob-homeserver",
+        bob_url,
+        "--bob-server-name",
+        bob_name,
+    ]);
+    let output = run(cmd, FLOW_TIMEOUT, "matrix-js-sdk/flow.mjs (two servers)").await;
+    eprintln!("---- matrix-js-sdk/flow.mjs (two servers): {}\n{}", output.status, text(&output));
+    assert!(
+        output.status.success() && text(&output).contains("OK: matrix-js-sdk flow passed"),
+        "matrix-js-sdk flow across servers failed; its output is above.\n{}",
+        logs()
+    );
+}
+
+/// The js-sdk flow with bob on a second seqline server.
+async fn matrix_js_sdk_across_servers(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    js_flow_across(&a, &b.server.base_url, &b.name, || {
+        format!("A:\n{}\nB:\n{}", a.server.log(), b.server.log())
+    })
+    .await;
+}
+
+/// The js-sdk flow with bob on a real Synapse.
+async fn matrix_js_sdk_with_synapse(backend: Backend) {
+    let (a, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    js_flow_across(&a, &syn.client_url, &syn.name, || {
+        format!("seqline:\n{}\nSynapse:\n{}", a.server.log(), syn.log_tail())
+    })
+    .await;
 }
 
 async fn hydrogen_flow(backend: Backend) {

@@ -2,6 +2,10 @@
 // server.
 //
 //     node flow.mjs HOMESERVER_URL SERVER_NAME [--prefix P]
+//                   [--bob-homeserver URL --bob-server-name NAME]
+//
+// With --bob-homeserver, bob lives on a second server: invites, joins,
+// messages, history, device keys, one-time keys and room keys cross servers.
 //
 // Two users register through UIA (the SDK's InteractiveAuth: a request
 // without auth, the 401 with flows and a session, then m.login.dummy with that
@@ -227,20 +231,22 @@ async function converse(alice, bob, roomId, count, label) {
     return expected;
 }
 
-async function flow(hs, serverName, prefix) {
+async function flow(hs, serverName, prefix, bobHs, bobServerName) {
     const timer = new Timer();
-    console.log(`matrix-js-sdk ${packageVersion("matrix-js-sdk")} flow against ${hs} (${serverName}), Node ${process.version}`);
+    const where = bobHs === hs ? `${hs} (${serverName})` : `${hs} (${serverName}), bob on ${bobHs} (${bobServerName})`;
+    console.log(`matrix-js-sdk ${packageVersion("matrix-js-sdk")} flow against ${where}, Node ${process.version}`);
 
     const ids = {};
+    const homes = { alice: [hs, serverName], bob: [bobHs, bobServerName] };
     for (const name of ["alice", "bob"]) {
         const localpart = `${prefix}_${name}`;
-        ids[name] = await register(hs, localpart);
-        assertEqual(ids[name], `@${localpart}:${serverName}`, `registered ${name}`);
+        ids[name] = await register(homes[name][0], localpart);
+        assertEqual(ids[name], `@${localpart}:${homes[name][1]}`, `registered ${name}`);
     }
     timer.lap("register alice and bob through InteractiveAuth (401 flows, then m.login.dummy), log out");
 
     const alice = await login(hs, "alice", `${prefix}_alice`, ids.alice, { crypto: true });
-    const bob = await login(hs, "bob", `${prefix}_bob`, ids.bob, { crypto: true });
+    const bob = await login(bobHs, "bob", `${prefix}_bob`, ids.bob, { crypto: true });
     const joining = joinOnInvite(bob);
     await Promise.all([alice.start(20), bob.start(20)]);
     for (const peer of [alice, bob]) {
@@ -262,7 +268,7 @@ async function flow(hs, serverName, prefix) {
     timer.lap(`${MESSAGES} messages, taking turns, each seen live by both, same ids and order`);
 
     // A new device of bob's with a short initial sync scrolls back to the start.
-    const reader = await login(hs, "bob-history", `${prefix}_bob`, ids.bob, { crypto: false });
+    const reader = await login(bobHs, "bob-history", `${prefix}_bob`, ids.bob, { crypto: false });
     await reader.start(5);
     const room = reader.client.getRoom(roomId);
     if (!room) throw new Failure("bob's new device does not have the room after its first sync");
@@ -346,7 +352,7 @@ async function flow(hs, serverName, prefix) {
     const aliceDevice = alice.client.getDeviceId();
     await waitFor("alice's device signed by her self-signing key, as bob queries it", async () => {
         const body = { device_keys: { [alice.userId]: [] } };
-        const keys = await api(hs, "POST", "/_matrix/client/v3/keys/query", { token: bob.client.getAccessToken(), body });
+        const keys = await api(bobHs, "POST", "/_matrix/client/v3/keys/query", { token: bob.client.getAccessToken(), body });
         const ssk = Object.keys(keys.self_signing_keys?.[alice.userId]?.keys ?? {})[0];
         return Boolean(ssk && keys.device_keys?.[alice.userId]?.[aliceDevice]?.signatures?.[alice.userId]?.[ssk]);
     });
@@ -377,14 +383,26 @@ async function flow(hs, serverName, prefix) {
 
 const { values, positionals } = parseArgs({
     allowPositionals: true,
-    options: { prefix: { type: "string", default: "jssdk" }, timeout: { type: "string", default: "120" } },
+    options: {
+        prefix: { type: "string", default: "jssdk" },
+        timeout: { type: "string", default: "120" },
+        "bob-homeserver": { type: "string" },
+        "bob-server-name": { type: "string" },
+    },
 });
 if (positionals.length !== 2) {
     console.log("usage: flow.mjs HOMESERVER_URL SERVER_NAME [--prefix P] [--timeout SECONDS]");
     process.exit(2);
 }
 await main(
-    () => flow(positionals[0].replace(/\/$/, ""), positionals[1], values.prefix),
+    () =>
+        flow(
+            positionals[0].replace(/\/$/, ""),
+            positionals[1],
+            values.prefix,
+            (values["bob-homeserver"] ?? positionals[0]).replace(/\/$/, ""),
+            values["bob-server-name"] ?? positionals[1],
+        ),
     async () => {
         for (const peer of PEERS) peer.client.stopClient();
         if (LOG.length) console.log(`matrix-js-sdk warnings and errors:\n  ${LOG.join("\n  ")}`);
