@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 backend_tests!(
     typing_receipts_and_presence_cross_between_seqline_servers,
-    typing_and_receipts_cross_with_synapse,
+    typing_receipts_and_presence_cross_with_synapse,
     edus_a_server_may_not_send_change_nothing,
     to_device_messages_cross_once,
     a_server_cannot_send_to_device_messages_for_others,
@@ -177,8 +177,8 @@ async fn presence_reaches(from: &Side<'_>, from_id: &str, to: &mut Watch<'_>, pr
     .await;
 }
 
-/// seqline and Synapse: typing and receipts both ways.
-async fn typing_and_receipts_cross_with_synapse(backend: Backend) {
+/// seqline and Synapse: typing, receipts and presence both ways.
+async fn typing_receipts_and_presence_cross_with_synapse(backend: Backend) {
     let (a, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
     let alice = a.server.register("alice", "pw").await;
     let bob = syn.register("bob", "pw").await;
@@ -189,6 +189,9 @@ async fn typing_and_receipts_cross_with_synapse(backend: Backend) {
         sb.post(&format!("{V3}/join/{}?server_name={}", enc(&room), enc(&a.name)), json!({})).await;
     assert_eq!(status, 200, "{body}\n{}", syn.log_tail());
     exchange(&sa, &alice_id, &sb, &bob_id, &room).await;
+    let (mut wa, mut wb) = (Watch::new(&sa).await, Watch::new(&sb).await);
+    presence_reaches(&sb, &bob_id, &mut wa, "unavailable", "lunch").await;
+    presence_reaches(&sa, &alice_id, &mut wb, "online", "here").await;
 }
 
 /// A typing EDU from `fake`.
