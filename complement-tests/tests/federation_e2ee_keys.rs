@@ -19,6 +19,7 @@ backend_tests!(
     keys_are_queried_and_claimed_across_servers,
     other_servers_get_only_our_users_keys,
     an_encrypted_room_joined_over_federation_says_so,
+    key_requests_naming_too_much_are_bounded,
 );
 
 /// alice on A uploads device keys, two one-time keys, a fallback key and
@@ -167,4 +168,42 @@ async fn an_encrypted_room_joined_over_federation_says_so(backend: Backend) {
     let (status, initial) = b.server.get(&format!("{V3}/sync"), Some(&bob.token)).await;
     assert_eq!(status, 200, "{initial}");
     assert!(has_encryption(&initial), "{initial}");
+}
+
+/// A client asking about users of 150 servers (none of which answers)
+/// gets an answer at once, every server in `failures` (the first 100 were
+/// asked, the others left out); another server claiming keys of 3,000
+/// devices of alice's gets an answer: her one real device's key (its id
+/// sorts before the made-up ones, so it is among the first thousand taken).
+async fn key_requests_naming_too_much_are_bounded(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let key = Key::new("alice-device");
+    let upload = json!({
+        "device_keys": device_keys(&alice_id, &alice.device_id, &key),
+        "one_time_keys": { "signed_curve25519:AAAA": signed_one_time_key(&alice_id, &alice.device_id, &key, "one") },
+    });
+    let (status, body) = seq.server.post(&format!("{V3}/keys/upload"), Some(&alice.token), upload).await;
+    assert_eq!(status, 200, "{body}");
+
+    let users: serde_json::Map<String, serde_json::Value> =
+        (1..=150).map(|port| (format!("@u:127.0.0.1:{port}"), json!([]))).collect();
+    let started = std::time::Instant::now();
+    let query = json!({ "device_keys": users, "timeout": 5000 });
+    let (status, answer) = seq.server.post(&format!("{V3}/keys/query"), Some(&alice.token), query).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
+    assert_eq!(answer["failures"].as_object().map(|f| f.len()), Some(150), "{answer}");
+
+    let mut devices: serde_json::Map<String, serde_json::Value> =
+        (0..3000).map(|i| (format!("~nope{i:04}"), json!("signed_curve25519"))).collect();
+    devices.insert(alice.device_id.clone(), json!("signed_curve25519"));
+    let body = json!({ "one_time_keys": { alice_id.as_str(): devices } });
+    let (status, answer) =
+        fake.call(&seq, "POST", "/_matrix/federation/v1/user/keys/claim", Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let claimed = &answer["one_time_keys"][&alice_id];
+    assert_eq!(claimed.as_object().map(|m| m.len()), Some(1), "{answer}");
+    assert_eq!(claimed[&alice.device_id]["signed_curve25519:AAAA"]["key"], "one", "{answer}");
 }

@@ -25,6 +25,10 @@ use crate::streams::Change;
 /// The longest a client's `timeout` may make us wait for other servers.
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Most devices one claim takes keys from (each is a write); the rest of
+/// the request is left unanswered.
+pub const MAX_CLAIMED_DEVICES: usize = 1000;
+
 /// The keys of some users, as `/keys/query` answers them.
 #[derive(Debug, Default)]
 pub struct Keys {
@@ -143,18 +147,24 @@ pub async fn claim(
 }
 
 /// Claims a one-time key (else the fallback key) of each of our users'
-/// devices among `wanted`: user -> device -> key id -> key.
+/// devices among `wanted` (the first [`MAX_CLAIMED_DEVICES`]): user ->
+/// device -> key id -> key.
 pub async fn claim_local(
     state: &AppState,
     wanted: &BTreeMap<OwnedUserId, BTreeMap<String, String>>,
 ) -> Result<Map<String, Value>> {
     let mut out = Map::new();
+    let mut budget = MAX_CLAIMED_DEVICES;
     for (user, devices_wanted) in wanted {
         if user.server_name() != state.settings.server_name {
             continue;
         }
         let mut per_device = Map::new();
         for (device, algorithm) in devices_wanted {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
             let (u, d, a) = (user.as_str(), device.as_str(), algorithm.as_str());
             // The owner's key counts move: a position says so to their syncs.
             let reservation = state.streams.reserve();

@@ -14,15 +14,28 @@ use serde_json::{Map, Value, json};
 use crate::account::key_query::Keys;
 use crate::state::AppState;
 
-/// Groups `wanted` by the users' servers.
-fn by_server<T: Clone>(
-    wanted: &BTreeMap<OwnedUserId, T>,
-) -> BTreeMap<OwnedServerName, BTreeMap<OwnedUserId, T>> {
-    let mut out: BTreeMap<OwnedServerName, BTreeMap<OwnedUserId, T>> = BTreeMap::new();
+/// Most servers one request asks at once; the others are listed in
+/// `failures` (a client cannot make us open thousands of connections).
+const MAX_SERVERS: usize = 100;
+
+/// `wanted` grouped by the users' servers (the first [`MAX_SERVERS`]).
+type ByServer<T> = BTreeMap<OwnedServerName, BTreeMap<OwnedUserId, T>>;
+
+/// Groups `wanted` by the users' servers; answers also the servers left out.
+fn by_server<T: Clone>(wanted: &BTreeMap<OwnedUserId, T>) -> (ByServer<T>, Vec<OwnedServerName>) {
+    let mut out: ByServer<T> = BTreeMap::new();
+    let mut left_out = Vec::new();
     for (user, value) in wanted {
-        out.entry(user.server_name().to_owned()).or_default().insert(user.clone(), value.clone());
+        let server = user.server_name().to_owned();
+        if out.len() >= MAX_SERVERS && !out.contains_key(&server) {
+            if !left_out.contains(&server) {
+                left_out.push(server);
+            }
+            continue;
+        }
+        out.entry(server).or_default().insert(user.clone(), value.clone());
     }
-    out
+    (out, left_out)
 }
 
 /// Why a server gave nothing, as `failures` lists it.
@@ -46,8 +59,12 @@ pub async fn query(
     if state.settings.federation.is_none() {
         return;
     }
+    let (servers, left_out) = by_server(wanted);
+    for server in left_out {
+        answer.failures.insert(server.to_string(), failure("too many servers in one request"));
+    }
     let mut asks = tokio::task::JoinSet::new();
-    for (server, users) in by_server(wanted) {
+    for (server, users) in servers {
         let request: BTreeMap<OwnedUserId, Vec<OwnedDeviceId>> =
             users.into_iter().map(|(u, d)| (u, d.into_iter().map(OwnedDeviceId::from).collect())).collect();
         let state = state.clone();
@@ -97,8 +114,12 @@ pub async fn claim(
     if state.settings.federation.is_none() {
         return;
     }
+    let (servers, left_out) = by_server(wanted);
+    for server in left_out {
+        failures.insert(server.to_string(), failure("too many servers in one request"));
+    }
     let mut asks = tokio::task::JoinSet::new();
-    for (server, users) in by_server(wanted) {
+    for (server, users) in servers {
         let request: claim_keys::v1::OneTimeKeyClaims = users
             .into_iter()
             .map(|(u, d)| {
