@@ -415,6 +415,37 @@ pub struct FakeRoom {
 }
 
 impl FakeRoom {
+    /// A room another server hosts, as one of this server's users joined
+    /// it: `state` is the room's state send_join answered (its `state`),
+    /// `join` the signed join, which becomes the room's newest event (and
+    /// its only one in `events`). `draft` and `FakeServer::add` build on it.
+    pub fn joined(version: &str, room_id: &str, state: &[Value], join: Value) -> Self {
+        assert!(matches!(version, "11" | "12"), "FakeRoom makes events for versions 11 and 12");
+        let mut room = FakeRoom {
+            version: version.to_owned(),
+            room_id: room_id.to_owned(),
+            events: Vec::new(),
+            state: BTreeMap::new(),
+            by_id: HashMap::new(),
+            depth: 0,
+            last: None,
+        };
+        for event in state {
+            let id = pdu::event_id(event);
+            if let (Some(kind), Some(key)) = (event["type"].as_str(), event["state_key"].as_str()) {
+                room.state.insert((kind.to_owned(), key.to_owned()), id.clone());
+            }
+            room.by_id.insert(id, event.clone());
+        }
+        room.push(join);
+        room
+    }
+
+    /// The event of this id the room holds (its own events and the state it joined with).
+    pub fn get(&self, event_id: &str) -> Option<&Value> {
+        self.by_id.get(event_id)
+    }
+
     /// Adds a signed event (of any server) as the room's newest.
     pub fn push(&mut self, event: Value) -> String {
         let id = pdu::event_id(&event);
