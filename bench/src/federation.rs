@@ -32,6 +32,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
+pub mod pdus;
+
 use crate::{
     BenchError, Config, Hs, PASSWORD, Progress, Report, Res, User, V3, enc, err, join_all, ms, register_all,
     send_range,
@@ -94,6 +96,49 @@ pub struct FedConfig {
     /// Print progress lines on stderr.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub progress: bool,
+    /// What to measure: `join` (the pairs above), `inbound` (a fake
+    /// server's PDUs into a room of `--members` on each of `--servers`),
+    /// `backfill` (a user of each of `--servers` pages back through
+    /// `--history` events of a room the fake hosts); several with commas.
+    #[arg(long, value_delimiter = ',', default_value = "join")]
+    pub mode: Vec<String>,
+    /// inbound, backfill: the receiving servers (`seqline`, `synapse`), in
+    /// the first round's order; each round reverses the order of the last.
+    #[arg(long, value_delimiter = ',', default_value = "seqline,synapse")]
+    pub servers: Vec<String>,
+    /// inbound, backfill: rounds, each on fresh servers.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// inbound: PDUs the fake sends per shape.
+    #[arg(long, default_value_t = 5000)]
+    pub pdus: usize,
+    /// inbound: PDUs per transaction (one transaction in flight at a time).
+    #[arg(long, default_value_t = 50)]
+    pub txn_size: usize,
+    /// inbound: `linear` (each PDU's prev event is the one before) and/or
+    /// `forked` (`--branches` branches merged every `--merge-every` PDUs).
+    #[arg(long, value_delimiter = ',', default_value = "linear,forked")]
+    pub shapes: Vec<String>,
+    /// inbound, forked: concurrent branches, one fake user each.
+    #[arg(long, default_value_t = 3)]
+    pub branches: usize,
+    /// inbound, forked: every this many PDUs one names every branch's tip.
+    #[arg(long, default_value_t = 30)]
+    pub merge_every: usize,
+    /// inbound: `sync` sends each transaction once the last PDU of the one
+    /// before is in the room creator's `/sync` (the receiver has taken it);
+    /// `answer` as soon as the one before is answered (Synapse answers before
+    /// it processes, and past 100 PDUs queued for a room drops all but the
+    /// newest, to be fetched again; the fake does not answer those fetches
+    /// for this room, so fewer PDUs arrive).
+    #[arg(long, default_value = "sync")]
+    pub pace: String,
+    /// backfill: events of the fake's room (its creation included) before the join.
+    #[arg(long, default_value_t = 5000)]
+    pub history: usize,
+    /// backfill: the `limit` of each `/messages` page.
+    #[arg(long, default_value_t = 100)]
+    pub page_size: usize,
 }
 
 impl FedConfig {
