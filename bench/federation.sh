@@ -11,6 +11,14 @@
 #   bench/federation.sh --pairs synapse:seqline --repeats 3
 #   bench/federation.sh --postgres postgres://postgres@127.0.0.1:5432   # needs psycopg2 in the venv
 #
+# Two more modes (bench/src/federation/pdus.rs), each with a fake federation
+# server (complement-tests' FakeServer) sending or hosting, seqline and Synapse
+# as the receiver in alternating rounds on fresh servers:
+#   bench/federation.sh --mode inbound                     # 5,000 PDUs into a 500-member room, linear and forked, 3 rounds
+#   bench/federation.sh --mode inbound --pdus 1000         # what fits in a quarter of an hour with Synapse at ~10 PDUs/s
+#   bench/federation.sh --mode backfill                    # page back through a fake's room of 5,000 events, 3 rounds
+#   bench/federation.sh --mode inbound,backfill --servers seqline --members 20 --pdus 300 --history 500 --rounds 1
+#
 # Flags: `seqline-fed-bench --help`. seqline is built in release into
 # $CARGO_TARGET_DIR (default ~/.cache/seqline/target); Synapse runs from the
 # pinned venv of complement-tests/clients/synapse/setup.sh (built once).

@@ -107,3 +107,43 @@ async fn fed_bench_times_a_synapse_user_joining_a_tiny_seqline_room() {
     }
     assert!(table.contains("seqline <- Synapse"), "{table}");
 }
+
+/// The PDU modes of `seqline-fed-bench` on a tiny size, a debug seqline
+/// receiving: a fake server's PDUs into a room of 4 members (both shapes),
+/// and a backfill of 120 events. They must finish, count every PDU in the
+/// receiver's `/messages`, page back to the room's creation and report
+/// positive figures (SQLite only: the benchmark makes its own databases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fed_bench_pdu_modes_run_on_a_tiny_size() {
+    use seqline_bench::federation::pdus;
+    let out = std::env::temp_dir().join(format!("seqline-fed-bench-pdus-smoke-{}", std::process::id()));
+    let mut config = seqline_bench::federation::FedConfig::defaults();
+    config.mode = vec!["inbound".to_owned(), "backfill".to_owned()];
+    config.servers = vec!["seqline".to_owned()];
+    config.rounds = 1;
+    config.members = 4;
+    config.pdus = 60;
+    config.txn_size = 20;
+    config.branches = 2;
+    config.merge_every = 5;
+    config.history = 120;
+    config.page_size = 30;
+    config.progress = false;
+    config.out = Some(out.clone());
+    config.seqline_bin = Some(complement_tests::harness::binary());
+    let results = pdus::run(&config).await.expect("fed bench, PDU modes");
+    let table = pdus::table(&config, &results);
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(!results.failed(), "{table}");
+    assert_eq!(results.inbound.len(), 2, "{table}");
+    for r in &results.inbound {
+        assert_eq!((r.pdus, r.accepted, r.refused, r.txns), (60, 60, 0, 3), "{table}");
+        assert!(r.answered_rate() > 0.0 && r.synced_rate().is_finite() && r.synced_rate() > 0.0, "{table}");
+    }
+    let [backfill] = results.backfill.as_slice() else { panic!("one backfill expected:\n{table}") };
+    assert!(backfill.reached_create, "{table}");
+    // The fake's 120 events and the reader's join.
+    assert_eq!((backfill.history, backfill.events), (120, 121), "{table}");
+    assert!(backfill.total_ms > 0.0 && backfill.backfills > 0, "{table}");
+    assert!(table.contains("seqline    linear"), "{table}");
+}
