@@ -13,13 +13,14 @@ use complement_tests::e2ee::{Key, cross_signing_key, device_keys, signed_one_tim
 use complement_tests::fake::FakeServer;
 use complement_tests::federation::FedServer;
 use complement_tests::harness::Backend;
-use serde_json::json;
+use serde_json::{Value, json};
 
 backend_tests!(
     keys_are_queried_and_claimed_across_servers,
     other_servers_get_only_our_users_keys,
     an_encrypted_room_joined_over_federation_says_so,
     key_requests_naming_too_much_are_bounded,
+    remote_device_lists_are_kept_and_followed,
 );
 
 /// alice on A uploads device keys, two one-time keys, a fallback key and
@@ -206,4 +207,128 @@ async fn key_requests_naming_too_much_are_bounded(backend: Backend) {
     let claimed = &answer["one_time_keys"][&alice_id];
     assert_eq!(claimed.as_object().map(|m| m.len()), Some(1), "{answer}");
     assert_eq!(claimed[&alice.device_id]["signed_curve25519:AAAA"]["key"], "one", "{answer}");
+}
+
+/// What alice (on the server under test) gets for mallory (on the fake, in
+/// her room): mallory's device ids with keys, and his master key.
+async fn mallory_as_seen(
+    seq: &FedServer,
+    alice: &complement_tests::harness::User,
+    mallory: &str,
+) -> (Vec<String>, Value) {
+    let query = json!({ "device_keys": { mallory: [] }, "timeout": 5000 });
+    let (status, answer) = seq.server.post(&format!("{V3}/keys/query"), Some(&alice.token), query).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["failures"], json!({}), "{answer}");
+    let devices =
+        answer["device_keys"][mallory].as_object().map(|d| d.keys().cloned().collect()).unwrap_or_default();
+    (devices, answer["master_keys"][mallory]["keys"].clone())
+}
+
+/// mallory's device list is asked of the fake once and kept: later
+/// queries are answered from it, the fake's updates that follow on from it
+/// move it (a device added, one deleted, a new master key), an update that
+/// does not follow on (a `prev_id` never seen) makes the next query ask the
+/// fake again, and so does a user of ours joining the room. A user who shares no room with
+/// alice is asked about without keeping anything; devices whose keys name
+/// someone else are left out.
+async fn remote_device_lists_are_kept_and_followed(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let room =
+        complement_tests::api::create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    let mallory = fake.user_id("mallory");
+    fake.join(&seq, &room, &mallory).await;
+    let keys = |device: &str| device_keys(&mallory, device, &Key::new(device));
+    let master = |name: &str| cross_signing_key(&mallory, "master", &Key::new(name), None);
+    let (m1, m2, m3) = (keys("M1"), keys("M2"), keys("M3"));
+    let devices_path = "/_matrix/federation/v1/user/devices/";
+    fake.answer("GET", devices_path, 200, json!({
+        "user_id": mallory, "stream_id": 5, "master_key": master("first-master"),
+        "devices": [
+            { "device_id": "M1", "keys": m1, "device_display_name": "phone" },
+            { "device_id": "FORGED", "keys": device_keys(&format!("@eve:{}", seq.name), "FORGED", &Key::new("x")) },
+        ],
+    }));
+    let asked = || fake.requests_to(devices_path).len();
+
+    let (devices, first_master) = mallory_as_seen(&seq, &alice, &mallory).await;
+    assert_eq!((devices, asked()), (vec!["M1".to_owned()], 1));
+    assert_eq!(first_master, master("first-master")["keys"]);
+    let query = json!({ "device_keys": { mallory.as_str(): ["M1"] } });
+    let (status, answer) = seq.server.post(&format!("{V3}/keys/query"), Some(&alice.token), query).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["device_keys"][&mallory]["M1"]["keys"], m1["keys"], "{answer}");
+    assert_eq!(answer["device_keys"][&mallory]["M1"]["unsigned"]["device_display_name"], "phone", "{answer}");
+    assert_eq!(asked(), 1, "answered from the list held");
+
+    let send = |txn: &'static str, edus: Vec<Value>| {
+        let body = json!({ "origin": fake.name, "origin_server_ts": complement_tests::federation::now_ms(), "pdus": [], "edus": edus });
+        let fake = &fake;
+        let seq = &seq;
+        async move {
+            let (status, answer) =
+                fake.call(seq, "PUT", &format!("/_matrix/federation/v1/send/{txn}"), Some(&body)).await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    };
+    let update = |device: &str, stream: i64, prev: i64, keys: Option<&Value>| {
+        let mut content = json!({ "user_id": mallory, "device_id": device, "stream_id": stream, "prev_id": [prev], "deleted": keys.is_none() });
+        if let Some(keys) = keys {
+            content["keys"] = keys.clone();
+        }
+        json!({ "edu_type": "m.device_list_update", "content": content })
+    };
+    send("t1", vec![update("M2", 6, 5, Some(&m2))]).await;
+    assert_eq!(mallory_as_seen(&seq, &alice, &mallory).await.0, ["M1", "M2"]);
+    send("t2", vec![update("M1", 7, 6, None)]).await;
+    let signing = json!({ "edu_type": "m.signing_key_update", "content": { "user_id": mallory, "master_key": master("second-master") } });
+    send("t3", vec![signing]).await;
+    let (devices, second_master) = mallory_as_seen(&seq, &alice, &mallory).await;
+    assert_eq!(
+        (devices, second_master, asked()),
+        (vec!["M2".to_owned()], master("second-master")["keys"].clone(), 1)
+    );
+
+    // An update after position 8, which never came: the fake is asked again.
+    fake.answer(
+        "GET",
+        devices_path,
+        200,
+        json!({
+            "user_id": mallory, "stream_id": 9, "devices": [{ "device_id": "M3", "keys": m3 }],
+        }),
+    );
+    send("t4", vec![update("M3", 9, 8, Some(&m3))]).await;
+    assert_eq!(mallory_as_seen(&seq, &alice, &mallory).await.0, ["M3"]);
+    assert_eq!(asked(), 2);
+    assert_eq!(mallory_as_seen(&seq, &alice, &mallory).await.0, ["M3"]);
+    assert_eq!(asked(), 2);
+
+    // bob, of ours, joins the room (as if it were our first user there: no
+    // update reached us while no room was shared): asked for again.
+    let bob = seq.server.register("bob", "pw").await;
+    let (status, body) =
+        seq.server.post(&format!("{V3}/join/{}", enc(&room)), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(mallory_as_seen(&seq, &alice, &mallory).await.0, ["M3"]);
+    assert_eq!(asked(), 3);
+
+    // Someone who shares no room with alice: asked of the fake each time.
+    let stranger = fake.user_id("stranger");
+    let stranger_keys = device_keys(&stranger, "S1", &Key::new("S1"));
+    fake.answer(
+        "POST",
+        "/_matrix/federation/v1/user/keys/query",
+        200,
+        json!({ "device_keys": { stranger.as_str(): { "S1": stranger_keys } } }),
+    );
+    for round in 1..=2 {
+        let query = json!({ "device_keys": { stranger.as_str(): [] } });
+        let (status, answer) = seq.server.post(&format!("{V3}/keys/query"), Some(&alice.token), query).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["device_keys"][&stranger]["S1"]["keys"], stranger_keys["keys"], "{answer}");
+        assert_eq!(fake.requests_to("/_matrix/federation/v1/user/keys/query").len(), round);
+    }
+    assert_eq!(asked(), 3);
 }

@@ -198,7 +198,9 @@ pub async fn receive(state: &AppState, origin: &ServerName, edus: &[&RawJsonValu
             "m.receipt" => receipts(state, origin, content).await,
             "m.presence" => presence(state, origin, content).await,
             "m.direct_to_device" => crate::account::to_device::receive_remote(state, origin, content).await,
-            "m.device_list_update" | "m.signing_key_update" => device_list(state, origin, content).await,
+            "m.device_list_update" | "m.signing_key_update" => {
+                device_list(state, origin, kind, content).await
+            }
             _ => Ok(()),
         };
         if let Err(e) = taken {
@@ -290,18 +292,26 @@ async fn presence(state: &AppState, origin: &ServerName, content: &Value) -> Res
     Ok(())
 }
 
-/// A device or cross-signing key of another server's user changed: our
-/// users who share a room with them are told (`device_lists.changed` in
-/// their /sync, `/keys/changes`) and ask for the keys again, which always
-/// go to the user's server (nothing is cached here, so a missed update
-/// leaves nothing stale). Only for a user who shares a room with one of
-/// ours.
-async fn device_list(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
+/// A device or cross-signing key of another server's user changed: the
+/// device list held here for them follows (or goes stale: see
+/// `account::key_query::remote_device_update`), and our users who share a
+/// room with them are told (`device_lists.changed` in their /sync,
+/// `/keys/changes`) and ask for the keys again. Only for a user who shares
+/// a room with one of ours.
+async fn device_list(state: &AppState, origin: &ServerName, kind: &str, content: &Value) -> Result<()> {
     let user = user_of(origin, &content["user_id"])?;
     let ours = state.settings.server_name.as_str();
     let peers = crate::sync::room_peers(state, &user).await?;
     if !peers.iter().any(|p| p.split_once(':').is_some_and(|(_, server)| server == ours)) {
         return Err(Error::Forbidden(format!("{user} shares no room with a user here")));
     }
-    crate::account::e2ee::device_list_changed(state, &user, crate::account::e2ee::DeviceChange::Remote).await
+    let held = if kind == "m.signing_key_update" {
+        crate::account::key_query::remote_signing_update(state, &user, content).await
+    } else {
+        crate::account::key_query::remote_device_update(state, &user, content).await
+    };
+    // Told either way: a client asking again gets the list asked for anew.
+    crate::account::e2ee::device_list_changed(state, &user, crate::account::e2ee::DeviceChange::Remote)
+        .await?;
+    held
 }

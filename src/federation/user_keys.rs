@@ -7,12 +7,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ruma::api::federation::device::get_devices;
 use ruma::api::federation::keys::{claim_keys, get_keys};
-use ruma::{OwnedDeviceId, OwnedServerName, OwnedUserId};
+use ruma::{OwnedDeviceId, OwnedServerName, OwnedUserId, UserId};
 use serde_json::{Map, Value, json};
 
 use crate::account::key_query::Keys;
 use crate::state::AppState;
+use crate::storage::remote_devices::{DeviceList, MAX_DEVICES};
 
 /// Most servers one request asks at once; the others are listed in
 /// `failures` (a client cannot make us open thousands of connections).
@@ -41,6 +43,53 @@ fn by_server<T: Clone>(wanted: &BTreeMap<OwnedUserId, T>) -> (ByServer<T>, Vec<O
 /// Why a server gave nothing, as `failures` lists it.
 fn failure(why: impl std::fmt::Display) -> Value {
     json!({ "errcode": "M_UNAVAILABLE", "error": why.to_string() })
+}
+
+/// The device list of another server's `user`, asked of that server
+/// (`/user/devices/{userId}`) within `timeout`. Keys that name another user
+/// or another device than the one they are listed under are left out, and
+/// so are cross-signing keys of another user. Fails (with why) when the
+/// server does not answer, answers about someone else, or lists more than
+/// [`MAX_DEVICES`] devices.
+pub async fn device_list(state: &AppState, user: &UserId, timeout: Duration) -> Result<DeviceList, String> {
+    if state.settings.federation.is_none() {
+        return Err("federation is off".to_owned());
+    }
+    let asked = super::send(state, user.server_name(), get_devices::v1::Request::new(user.to_owned()));
+    let response = match tokio::time::timeout(timeout, asked).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err("timed out".to_owned()),
+    };
+    if response.user_id != user {
+        return Err(format!("asked for {user}, answered for {}", response.user_id));
+    }
+    if response.devices.len() > MAX_DEVICES {
+        return Err(format!("{} devices, more than {MAX_DEVICES}", response.devices.len()));
+    }
+    let stream_id = i64::try_from(u64::from(response.stream_id)).map_err(|e| e.to_string())?;
+    let mut devices = Map::new();
+    for device in response.devices {
+        let keys = value(device.keys.json());
+        if keys["user_id"] != user.as_str() || keys["device_id"] != device.device_id.as_str() {
+            continue;
+        }
+        let mut entry = json!({ "keys": keys });
+        if let Some(name) = device.device_display_name {
+            entry["device_display_name"] = json!(name);
+        }
+        devices.insert(device.device_id.to_string(), entry);
+    }
+    let own = |raw: Option<ruma::serde::Raw<_>>| {
+        raw.map(|r: ruma::serde::Raw<_>| value(r.json())).filter(|k| k["user_id"] == user.as_str())
+    };
+    Ok(DeviceList {
+        stream_id,
+        stale: 0,
+        devices,
+        master_key: own(response.master_key),
+        self_signing_key: own(response.self_signing_key),
+    })
 }
 
 /// Parses a raw JSON answer part.

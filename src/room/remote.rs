@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::federation::joining::JoinedRoom;
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent};
-use crate::storage::{self, federation as fed, memberships, outliers, rooms, state_runs};
+use crate::storage::{self, federation as fed, memberships, outliers, remote_devices, rooms, state_runs};
 
 /// Stores the room `joined` describes with `user`'s join at its head.
 pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedRoom) -> Result<i64> {
@@ -123,6 +123,9 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
         fed::add_joined(tx.conn(), room, server, *n).await?;
     }
     fed::delete_remote_invite(tx.conn(), user.as_str(), room).await?;
+    // Everyone in the room may now share one with us for the first time.
+    let ours = state.settings.server_name.as_str();
+    remote_devices::members_moved(tx.conn(), room, &[user.to_string()], ours).await?;
     let depth = crate::room::pdu::stored_depth(join.depth);
     rooms::set_head(tx.conn(), room, seq, &[join.event_id.to_string()], depth, true).await?;
     tx.commit().await?;

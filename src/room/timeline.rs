@@ -17,7 +17,7 @@ use super::resolution;
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
-use crate::storage::{self, RoomTx, memberships, rooms};
+use crate::storage::{self, RoomTx, memberships, remote_devices, rooms};
 use crate::streams::{Change, Reservation};
 
 mod fork;
@@ -797,13 +797,13 @@ impl RoomWriter {
     /// then (the stream position having moved past it) wakes the syncs of
     /// every user whose ranges hold one of the new events.
     pub async fn commit(self, state: &AppState) -> Result<()> {
-        self.commit_only().await?.0.announce(state).await;
+        self.commit_only(state.settings.server_name.as_str()).await?.0.announce(state).await;
         Ok(())
     }
 
     /// Saves the head and commits; what was appended is announced by
-    /// [`Committed::announce`].
-    async fn commit_only(self) -> Result<(Committed, StateCache)> {
+    /// [`Committed::announce`]. `ours`: our server name.
+    async fn commit_only(self, ours: &str) -> Result<(Committed, StateCache)> {
         let RoomWriter {
             room_id,
             last_seq,
@@ -821,12 +821,15 @@ impl RoomWriter {
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
         rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth, state_changed)
             .await?;
-        tx.commit().await?;
-        // The seqs appended and the membership targets, then what each
-        // position was, for the syncs that wake on them.
-        let appended = reservations.first().zip(reservations.last()).map(|((_, a), (_, b))| (a.seq, b.seq));
+        // The membership targets: whoever may now share a room with one of
+        // ours has the device list held for them asked for again.
         let mut targets: Vec<String> = reservations.iter().filter_map(|(_, e)| e.member.clone()).collect();
         targets.extend(resolved_targets);
+        remote_devices::members_moved(tx.conn(), room_id.as_str(), &targets, ours).await?;
+        tx.commit().await?;
+        // The seqs appended, then what each position was, for the syncs
+        // that wake on them.
+        let appended = reservations.first().zip(reservations.last()).map(|((_, a), (_, b))| (a.seq, b.seq));
         for (reservation, AppendedEvent { seq, state, member, resolved }) in reservations {
             reservation.finish(if resolved {
                 Change::Unknown
@@ -1090,7 +1093,7 @@ async fn write_batch(
     }
     let (committed, cache) =
         if writer.kept_off_line || answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
-            match writer.commit_only().await {
+            match writer.commit_only(state.settings.server_name.as_str()).await {
                 Ok((committed, cache)) => (Some(committed), cache),
                 Err(e) => {
                     fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);

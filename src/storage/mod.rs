@@ -22,6 +22,7 @@ pub mod outliers;
 pub mod reader;
 pub mod receipts;
 pub mod relations;
+pub mod remote_devices;
 pub mod rooms;
 pub mod search;
 pub mod server_keys;
@@ -181,6 +182,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (32, "remote_knocks", include_str!("../../migrations/sqlite/0032_remote_knocks.sql")),
     (33, "edges_from_pdus", include_str!("../../migrations/sqlite/0033_edges_from_pdus.sql")),
     (35, "edu_outbox", include_str!("../../migrations/sqlite/0035_edu_outbox.sql")),
+    (36, "remote_device_lists", include_str!("../../migrations/sqlite/0036_remote_device_lists.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -217,6 +219,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (32, "remote_knocks", include_str!("../../migrations/postgres/0032_remote_knocks.sql")),
     (33, "edges_from_pdus", include_str!("../../migrations/postgres/0033_edges_from_pdus.sql")),
     (35, "edu_outbox", include_str!("../../migrations/postgres/0035_edu_outbox.sql")),
+    (36, "remote_device_lists", include_str!("../../migrations/postgres/0036_remote_device_lists.sql")),
 ];
 
 impl Db {
