@@ -396,6 +396,20 @@ impl Synapse {
         federation_request(&self.https, &self.name, method, uri, None, body).await
     }
 
+    /// A federation request signed (X-Matrix) as the server `origin` with
+    /// its `key`: a test acting as that server toward Synapse.
+    pub async fn federation_as(
+        &self,
+        origin: &str,
+        key: &(String, SigningKey),
+        method: &str,
+        uri: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let auth = crate::federation::x_matrix(origin, &self.name, key, method, uri, body);
+        federation_request(&self.https, &self.name, method, uri, Some(auth), body).await
+    }
+
     /// Registers `localpart` with a password through the dummy auth stage.
     pub async fn register(&self, localpart: &str, password: &str) -> User {
         let body = json!({
