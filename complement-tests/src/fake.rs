@@ -335,6 +335,7 @@ impl FakeServer {
             events: Vec::new(),
             state: BTreeMap::new(),
             by_id: HashMap::new(),
+            index: HashMap::new(),
             depth: 0,
             last: None,
         };
@@ -410,6 +411,8 @@ pub struct FakeRoom {
     pub events: Vec<Value>,
     state: BTreeMap<(String, String), String>,
     by_id: HashMap<String, Value>,
+    /// The index in `events` of each of them, by id.
+    index: HashMap<String, usize>,
     depth: i64,
     last: Option<String>,
 }
@@ -427,6 +430,7 @@ impl FakeRoom {
             events: Vec::new(),
             state: BTreeMap::new(),
             by_id: HashMap::new(),
+            index: HashMap::new(),
             depth: 0,
             last: None,
         };
@@ -456,8 +460,14 @@ impl FakeRoom {
         self.depth = self.depth.max(event["depth"].as_i64().unwrap_or_default());
         self.last = Some(id.clone());
         self.by_id.insert(id.clone(), event.clone());
+        self.index.insert(id.clone(), self.events.len());
         self.events.push(event);
         id
+    }
+
+    /// Where the event of this id is in `events` (`None`: not one of them).
+    pub fn index_of(&self, event_id: &str) -> Option<usize> {
+        self.index.get(event_id).copied()
     }
 
     /// The id of the current state event of `kind` and `state_key`.

@@ -675,14 +675,14 @@ fn auth_chain(room: &FakeRoom, ids: &[String]) -> Vec<String> {
 
 /// The state before `event_id` (the room's history being linear).
 fn state_before(room: &FakeRoom, event_id: &str) -> Option<Vec<String>> {
-    let index = room.events.iter().position(|e| complement_tests::pdu::event_id(e) == event_id)?;
-    let mut state: BTreeMap<(String, String), String> = BTreeMap::new();
-    for event in &room.events[..index] {
+    let index = room.index_of(event_id)?;
+    let mut state: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (i, event) in room.events[..index].iter().enumerate() {
         if let (Some(kind), Some(key)) = (event["type"].as_str(), event["state_key"].as_str()) {
-            state.insert((kind.to_owned(), key.to_owned()), complement_tests::pdu::event_id(event));
+            state.insert((kind.to_owned(), key.to_owned()), i);
         }
     }
-    Some(state.into_values().collect())
+    Some(state.into_values().map(|i| complement_tests::pdu::event_id(&room.events[i])).collect())
 }
 
 /// Scripts `fake` to host `room`: make_join, send_join (v2; the joiner's
