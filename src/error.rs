@@ -139,6 +139,11 @@ pub enum Error {
     /// A key or signature does not verify: 400 M_INVALID_SIGNATURE.
     #[error("{0}")]
     InvalidSignature(String),
+    /// A sliding sync `pos` this server does not hold (expired, from before
+    /// a restart, of another connection): 400 M_UNKNOWN_POS, and the client
+    /// starts the connection again.
+    #[error("{0}")]
+    UnknownPos(String),
     /// A room-key backup write names a version that is not the current one.
     #[error("Wrong backup version")]
     WrongRoomKeysVersion {

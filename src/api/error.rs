@@ -45,6 +45,7 @@ impl Error {
             Self::UnableToAuthoriseJoin(_) => (StatusCode::BAD_REQUEST, "M_UNABLE_TO_AUTHORISE_JOIN"),
             Self::UnableToGrantJoin(_) => (StatusCode::BAD_REQUEST, "M_UNABLE_TO_GRANT_JOIN"),
             Self::MissingPrevEvents(_) => (StatusCode::BAD_REQUEST, "M_BAD_JSON"),
+            Self::UnknownPos(_) => (StatusCode::BAD_REQUEST, "M_UNKNOWN_POS"),
             Self::ServerControlled(_) => (StatusCode::METHOD_NOT_ALLOWED, "M_BAD_JSON"),
             Self::WrongRoomKeysVersion { .. } => (StatusCode::FORBIDDEN, "M_WRONG_ROOM_KEYS_VERSION"),
             Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "M_UNKNOWN"),

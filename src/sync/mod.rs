@@ -8,6 +8,7 @@
 //! the same check as `/messages`.
 
 pub mod presence;
+pub mod sliding;
 pub mod typing;
 pub mod writes;
 
