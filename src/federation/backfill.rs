@@ -111,11 +111,14 @@ pub async fn fill_below(state: &AppState, room_id: &RoomId, readable_from: i64) 
     if readable_from >= bottom {
         return Ok(false);
     }
+    let started = std::time::Instant::now();
     let Some((server, rules, batch)) = fetch_from_any(state, room_id, bottom, &missing).await? else {
         return Ok(false);
     };
+    let fetched_ms = started.elapsed().as_millis();
     let placed = crate::room::backfill::place(state, room, &rules, &batch).await?;
-    tracing::info!(%room_id, %server, placed, "backfilled");
+    let placed_ms = started.elapsed().as_millis() - fetched_ms;
+    tracing::info!(%room_id, %server, placed, fetched_ms, placed_ms, "backfilled");
     Ok(placed > 0)
 }
 
@@ -198,13 +201,16 @@ async fn fetch(
     bottom: i64,
     missing: &[OwnedEventId],
 ) -> Result<Option<Batch>> {
+    let started = std::time::Instant::now();
     let request = get_backfill::v1::Request::new(room_id.to_owned(), missing.to_vec(), UInt::from(BATCH));
     let answer = super::send_capped(state, server, request, MAX_ANSWER_BYTES)
         .await
         .map_err(|e| Error::RemoteUnavailable(format!("/backfill from {server}: {e}")))?;
+    let answered_ms = started.elapsed().as_millis();
     let mut got: HashMap<OwnedEventId, Pdu> = HashMap::new();
-    for raw in answer.pdus.iter().take(BATCH as usize * 2) {
-        match super::incoming::check_pdu(state, rules, raw).await {
+    let raws = answer.pdus.iter().take(BATCH as usize * 2).map(|raw| &**raw);
+    for checked in super::incoming::check_pdus(state, rules, raws).await {
+        match checked {
             Ok(pdu) => {
                 refuse_other_rooms(rules, &pdu, room_id, server, "/backfill")?;
                 got.insert(pdu.event_id.clone(), pdu);
@@ -239,6 +245,7 @@ async fn fetch(
         .flat_map(|p| p.auth_events.iter().cloned())
         .filter(|id| !batch_ids.contains(id))
         .collect();
+    let checked_ms = started.elapsed().as_millis();
     known.load(state, server, room_id, rules, &auth_ids, None).await?;
 
     let mut after_of: HashMap<OwnedEventId, Arc<StateMap>> = HashMap::new();
@@ -274,6 +281,7 @@ async fn fetch(
         after_of.insert(pdu.event_id.clone(), after.clone());
         events.push(Filled { pdu, after });
     }
+    tracing::info!(%server, answered_ms, checked_ms, authorised_ms = started.elapsed().as_millis(), "backfill: a batch");
     if events.is_empty() {
         return Ok(None);
     }
@@ -429,8 +437,8 @@ impl Known {
             }
         };
         let mut candidates: HashMap<OwnedEventId, Pdu> = HashMap::new();
-        for raw in &raws {
-            match super::incoming::check_pdu(state, rules, raw).await {
+        for checked in super::incoming::check_pdus(state, rules, raws.iter().map(|raw| &**raw)).await {
+            match checked {
                 Ok(pdu) => {
                     refuse_other_rooms(rules, &pdu, room_id, server, "/state or /event")?;
                     candidates.insert(pdu.event_id.clone(), pdu);

@@ -35,6 +35,38 @@ pub async fn check_pdu(state: &AppState, rules: &RoomVersionRules, raw: &RawJson
     check_object(state, rules, parse_pdu(raw)?).await
 }
 
+/// Most PDUs of one batch checked at once by [`check_pdus`].
+const CHECKED_AT_ONCE: usize = 8;
+
+/// Checks PDUs as [`check_pdu`] does, several at once (their signature
+/// checks run on every core and their key look-ups overlap); the answers
+/// come in the order of `raws`.
+pub async fn check_pdus<'a>(
+    state: &AppState,
+    rules: &RoomVersionRules,
+    raws: impl IntoIterator<Item = &'a RawJsonValue>,
+) -> Vec<Result<Pdu>> {
+    let raws: Vec<Box<RawJsonValue>> = raws.into_iter().map(ToOwned::to_owned).collect();
+    let mut out: Vec<Option<Result<Pdu>>> = (0..raws.len()).map(|_| None).collect();
+    let mut checks = tokio::task::JoinSet::new();
+    let mut next = raws.into_iter().enumerate();
+    loop {
+        while checks.len() < CHECKED_AT_ONCE {
+            let Some((i, raw)) = next.next() else { break };
+            let (state, rules) = (state.clone(), rules.clone());
+            checks.spawn(async move { (i, check_pdu(&state, &rules, &raw).await) });
+        }
+        match checks.join_next().await {
+            Some(Ok((i, checked))) => out[i] = Some(checked),
+            Some(Err(e)) => tracing::error!("a PDU check did not finish: {e}"),
+            None => break,
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::Internal("a PDU check did not finish".into()))))
+        .collect()
+}
+
 /// A received PDU as an object, without `unsigned`, if it is not too large.
 fn parse_pdu(raw: &RawJsonValue) -> Result<CanonicalJsonObject> {
     if raw.get().len() > MAX_PDU_BYTES {
@@ -318,8 +350,9 @@ async fn fetch_missing(
         }
     };
     let mut checked = Vec::new();
-    for raw in events.iter().take(MISSING_LIMIT as usize) {
-        match check_pdu(state, &rules, raw).await {
+    let raws = events.iter().take(MISSING_LIMIT as usize).map(|raw| &**raw);
+    for checked_pdu in check_pdus(state, &rules, raws).await {
+        match checked_pdu {
             Ok(missing) if !version::belongs_to(&rules, &missing, room_id) => {
                 // An answer holding another room's events is not used at all.
                 tracing::info!(%origin, %room_id, event_id = %missing.event_id,

@@ -210,8 +210,9 @@ async fn check_answer(
     join: Pdu,
 ) -> Result<JoinedRoom> {
     let mut candidates: HashMap<OwnedEventId, Pdu> = HashMap::new();
-    for raw in answer.auth_chain.iter().chain(&answer.state) {
-        match super::incoming::check_pdu(state, &rules, raw).await {
+    let raws = answer.auth_chain.iter().chain(&answer.state).map(|raw| &**raw);
+    for checked in super::incoming::check_pdus(state, &rules, raws).await {
+        match checked {
             Ok(pdu) if !version::belongs_to(&rules, &pdu, room_id) => {
                 return Err(Error::RemoteUnavailable(format!(
                     "{via} answered the join with an event of another room ({}); nothing was stored",

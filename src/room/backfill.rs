@@ -102,10 +102,11 @@ pub(super) async fn insert_events(
     for pdu in &batch.outliers {
         super::remote::hold(tx.conn(), room, pdu, now).await?;
     }
+    // Old state events held since the join (outliers) are placed now.
+    let ids: Vec<&str> = batch.events.iter().map(|f| f.pdu.event_id.as_str()).collect();
+    outliers::remove_many(tx.conn(), &ids).await?;
     for (filled, &seq) in batch.events.iter().zip(positions) {
         let pdu = &filled.pdu;
-        // An old state event held since the join (an outlier) is placed now.
-        outliers::remove(tx.conn(), pdu.event_id.as_str()).await?;
         let json = pdu.to_json_string();
         let kind = pdu.kind.to_string();
         let membership = pdu.state_key.is_some().then(|| membership_of(&batch.known, &pdu.event_id));
@@ -235,7 +236,9 @@ pub(super) async fn apply_redactions(
             redact(tx, target.event_id.as_str(), redaction.event_id.as_str()).await?;
         }
     }
-    for filled in &batch.events {
+    // Almost always none waits: one look instead of one per event.
+    let waiting = store::any_pending_redactions(tx.conn(), room).await?;
+    for filled in batch.events.iter().filter(|_| waiting) {
         let target = &filled.pdu;
         for (redaction_id, seq, json) in
             store::take_pending_redactions(tx.conn(), room, target.event_id.as_str()).await?

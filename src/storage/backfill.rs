@@ -135,6 +135,16 @@ pub async fn add_pending_redaction(
 
 /// The redactions (placed, of `room_id`) waiting for `target_id`, taken off
 /// the waiting list: the caller decides whether each applies.
+/// Whether any redaction of `room_id` waits for its target.
+pub async fn any_pending_redactions(conn: &mut AnyConnection, room_id: &str) -> Result<bool> {
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM pending_redactions WHERE room_id = $1 LIMIT 1")
+            .bind(room_id)
+            .fetch_optional(conn)
+            .await?;
+    Ok(found.is_some())
+}
+
 pub async fn take_pending_redactions(
     conn: &mut AnyConnection,
     room_id: &str,

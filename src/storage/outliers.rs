@@ -58,6 +58,19 @@ pub async fn remove(conn: &mut AnyConnection, event_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// [`remove`] of each of `ids`, a few statements for them all.
+pub async fn remove_many(conn: &mut AnyConnection, ids: &[&str]) -> Result<()> {
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let sql = format!("DELETE FROM outliers WHERE event_id {}", in_list(chunk.len()));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// An event we hold, placed on a room's line or an outlier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
