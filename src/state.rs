@@ -61,6 +61,8 @@ pub struct Services {
     pub hierarchy_cache: crate::room::spaces::RemoteCache,
     /// Servers whose keys could not be fetched lately, not asked again yet.
     pub key_fetch_backoff: crate::federation::keys::FetchBackoff,
+    /// Other servers' stored keys, kept in memory a while.
+    pub server_keys: crate::federation::keys::KeyCache,
     /// The tasks sending our events to other servers.
     pub federation_sender: crate::federation::sender::Sender,
     /// Where other servers are reached (well-known cache, SRV).
@@ -110,6 +112,7 @@ impl AppState {
             previews,
             hierarchy_cache: crate::room::spaces::RemoteCache::default(),
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
+            server_keys: crate::federation::keys::KeyCache::default(),
             federation_sender: crate::federation::sender::Sender::default(),
             backfills: crate::federation::backfill::Backfills::default(),
             erased: std::sync::RwLock::default(),

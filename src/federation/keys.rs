@@ -2,7 +2,7 @@
 //! ([`own_key_object`]). Other servers' keys are fetched from their
 //! `/_matrix/key/v2/server` on a miss, accepted only when the object is for
 //! that server and carries its own valid signature, and cached in
-//! `server_keys`, old ones kept. A request is verified with the keys valid
+//! `server_keys`, old ones kept (and in memory a minute, [`KeyCache`]). A request is verified with the keys valid
 //! now ([`public_keys`]); an event of room version 5 or later with those
 //! valid at its `origin_server_ts` ([`keys_at`]): a current key until its
 //! `valid_until_ts` (asked for again with `minimum_valid_until_ts` when the
@@ -10,7 +10,8 @@
 //! ([`notary_query`]) answers from that cache (or our own key), adding our
 //! signature.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
@@ -97,6 +98,61 @@ impl FetchBackoff {
     fn succeeded(&self, server: &ServerName) {
         self.until.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(server);
     }
+}
+
+/// How long the stored keys of a server are used from memory before they
+/// are read again (another process sharing the database may have stored
+/// newer ones; a key id not in memory is always read again first).
+const CACHED_KEYS_MS: u64 = 60_000;
+
+/// Servers whose stored keys are kept in memory at most.
+const MAX_CACHED_SERVERS: usize = 10_000;
+
+/// Other servers' stored keys, kept in memory a while: every request from
+/// another server and every event checked needs them, and reading them from
+/// the database each time cost a query per event in a backfill of
+/// thousands.
+#[derive(Debug, Default)]
+pub struct KeyCache {
+    servers: std::sync::Mutex<HashMap<OwnedServerName, (std::time::Instant, StoredKeys)>>,
+}
+
+/// A server's stored keys, shared.
+type StoredKeys = Arc<Vec<server_keys::StoredKey>>;
+
+impl KeyCache {
+    fn get(&self, server: &ServerName) -> Option<Arc<Vec<server_keys::StoredKey>>> {
+        let servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (read_at, keys) = servers.get(server)?;
+        (read_at.elapsed() < std::time::Duration::from_millis(CACHED_KEYS_MS)).then(|| keys.clone())
+    }
+
+    fn put(&self, server: &ServerName, keys: Arc<Vec<server_keys::StoredKey>>) {
+        let mut servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if servers.len() >= MAX_CACHED_SERVERS {
+            servers.clear();
+        }
+        servers.insert(server.to_owned(), (std::time::Instant::now(), keys));
+    }
+
+    fn forget(&self, server: &ServerName) {
+        self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(server);
+    }
+}
+
+/// The stored keys of `server`, from memory when read lately (`fresh`:
+/// read from the database in any case).
+async fn stored_keys(
+    state: &AppState,
+    server: &ServerName,
+    fresh: bool,
+) -> Result<Arc<Vec<server_keys::StoredKey>>> {
+    if !fresh && let Some(keys) = state.server_keys.get(server) {
+        return Ok(keys);
+    }
+    let keys = Arc::new(server_keys::get(&state.db, server.as_str()).await?);
+    state.server_keys.put(server, keys.clone());
+    Ok(keys)
 }
 
 /// Why another server's keys could not be had.
@@ -248,9 +304,13 @@ pub async fn keys_at(
     }
     let now = storage::now_ms();
     let usable = |k: &server_keys::StoredKey| at.is_none_or(|ts| valid_at(k, ts));
-    let mut stored = server_keys::get(&state.db, server.as_str()).await?;
+    let mut stored = stored_keys(state, server, false).await?;
+    let known_in = |stored: &[server_keys::StoredKey]| stored.iter().any(|k| usable(k) && k.key_id == wanted);
+    if !known_in(&stored) {
+        stored = stored_keys(state, server, true).await?;
+    }
     let valid_now = stored.iter().any(|k| valid_at(k, now));
-    let known = stored.iter().any(|k| usable(k) && k.key_id == wanted);
+    let known = known_in(&stored);
     if !known && (!valid_now || state.key_fetch_backoff.may_refetch(server, now)) {
         // The key we hold ran out before `at`: ask for one valid until then.
         let expired_before =
@@ -260,18 +320,18 @@ pub async fn keys_at(
             None => fetch(state, server).await,
         };
         match fetched {
-            Ok(()) => stored = server_keys::get(&state.db, server.as_str()).await?,
+            Ok(()) => stored = stored_keys(state, server, true).await?,
             // Keep using the cached keys that are still valid.
             Err(KeyError::Fetch(..) | KeyError::Invalid(..) | KeyError::BackingOff(..)) if valid_now => {}
             Err(e) => return Err(e),
         }
     }
     Ok(stored
-        .into_iter()
-        .filter(usable)
+        .iter()
+        .filter(|k| usable(k))
         .filter_map(|k| {
             let bytes = STANDARD_NO_PAD.decode(&k.public_key).ok()?;
-            Some((k.key_id, Base64::new(bytes)))
+            Some((k.key_id.clone(), Base64::new(bytes)))
         })
         .collect())
 }
@@ -350,6 +410,7 @@ async fn store(state: &AppState, server: &ServerName, object: &CanonicalJsonObje
             .map(|(id, (key, expired))| (id.as_str(), key.as_str(), Some(*expired))),
     );
     server_keys::put(&state.db, server.as_str(), &keys, valid_until, now, &json).await?;
+    state.server_keys.forget(server);
     tracing::info!(%server, keys = keys.len(), "fetched server keys");
     Ok(())
 }

@@ -105,31 +105,36 @@ pub(super) async fn insert_events(
     // Old state events held since the join (outliers) are placed now.
     let ids: Vec<&str> = batch.events.iter().map(|f| f.pdu.event_id.as_str()).collect();
     outliers::remove_many(tx.conn(), &ids).await?;
-    for (filled, &seq) in batch.events.iter().zip(positions) {
+    let mut owned = Vec::with_capacity(batch.events.len());
+    for filled in &batch.events {
         let pdu = &filled.pdu;
-        let json = pdu.to_json_string();
-        let kind = pdu.kind.to_string();
         let membership = pdu.state_key.is_some().then(|| membership_of(&batch.known, &pdu.event_id));
-        let content = pdu.as_draft()?.content;
-        events::insert_row(
-            tx.conn(),
-            &NewEvent {
+        owned.push((pdu.to_json_string(), pdu.kind.to_string(), membership, pdu.as_draft()?.content));
+    }
+    let rows: Vec<NewEvent<'_>> = batch
+        .events
+        .iter()
+        .zip(positions)
+        .zip(&owned)
+        .map(|((filled, &seq), (json, kind, membership, content))| {
+            let pdu = &filled.pdu;
+            NewEvent {
                 room_id: room,
                 seq,
                 stream: 0,
                 event_id: pdu.event_id.as_str(),
-                event_type: &kind,
+                event_type: kind,
                 state_key: pdu.state_key.as_deref(),
                 sender: pdu.sender.as_str(),
                 origin_server_ts: ts(pdu),
-                json: &json,
+                json,
                 txn: None,
                 membership: membership.as_deref().filter(|_| kind == "m.room.member"),
-                relation: super::relations::relation_of(&content),
-            },
-        )
-        .await?;
-    }
+                relation: super::relations::relation_of(content),
+            }
+        })
+        .collect();
+    events::insert_rows(tx.conn(), &rows).await?;
     Ok(())
 }
 

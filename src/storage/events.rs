@@ -107,7 +107,7 @@ pub struct NewEvent<'a> {
 }
 
 /// Appends an event at its seq with its searchable text
-/// ([`super::search::index`]; its DAG edges are in its PDU) and, for state
+/// ([`super::search::index_many`]; its DAG edges are in its PDU) and, for state
 /// events, records the change in `state_runs` (the state after an accepted state
 /// event holds it for its own key) and makes it current state.
 pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
@@ -123,29 +123,46 @@ pub async fn insert(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
 /// nothing else: no `state_runs` row, no current state (backfill writes the state of the
 /// positions it fills itself, and never moves the current state).
 pub async fn insert_row(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO events (room_id, seq, stream, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(e.room_id)
-    .bind(e.seq)
-    .bind(e.stream)
-    .bind(e.event_id)
-    .bind(e.event_type)
-    .bind(e.state_key)
-    .bind(e.sender)
-    .bind(e.origin_server_ts)
-    .bind(e.json)
-    .bind(e.txn.map(|t| t.0))
-    .bind(e.txn.map(|t| t.1))
-    .execute(&mut *conn)
-    .await?;
-    if let Some(relation) = e.relation {
-        super::relations::insert(conn, e.room_id, e.event_id, e.event_type, e.sender, e.seq, relation)
-            .await?;
+    insert_rows(conn, std::slice::from_ref(e)).await
+}
+
+/// Rows one multi-row insert writes at most (11 values each, well under
+/// SQLite's and PostgreSQL's limits on bound values).
+const ROWS_PER_INSERT: usize = 64;
+
+/// [`insert_row`] for many events at once (a backfill batch), a few
+/// statements in all rather than some per event.
+pub async fn insert_rows(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> Result<()> {
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let sql = super::values_sql(
+            "INSERT INTO events (room_id, seq, stream, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id)",
+            11,
+            chunk.len(),
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for e in chunk {
+            query = query
+                .bind(e.room_id)
+                .bind(e.seq)
+                .bind(e.stream)
+                .bind(e.event_id)
+                .bind(e.event_type)
+                .bind(e.state_key)
+                .bind(e.sender)
+                .bind(e.origin_server_ts)
+                .bind(e.json)
+                .bind(e.txn.map(|t| t.0))
+                .bind(e.txn.map(|t| t.1));
+        }
+        query.execute(&mut *conn).await?;
     }
-    super::search::index(conn, e).await?;
-    Ok(())
+    for e in rows {
+        if let Some(relation) = e.relation {
+            super::relations::insert(conn, e.room_id, e.event_id, e.event_type, e.sender, e.seq, relation)
+                .await?;
+        }
+    }
+    super::search::index_many(conn, rows).await
 }
 
 /// The event id `room_state` holds for a key a state resolution left

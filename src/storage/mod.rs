@@ -368,6 +368,13 @@ pub(crate) fn params(from: usize, n: usize) -> String {
     (from..from + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
+/// `{insert} VALUES ($1, …), (…)`: a multi-row insert of `rows` rows of
+/// `columns` values each.
+pub(crate) fn values_sql(insert: &str, columns: usize, rows: usize) -> String {
+    let tuples: Vec<String> = (0..rows).map(|r| format!("({})", params(r * columns + 1, columns))).collect();
+    format!("{insert} VALUES {}", tuples.join(", "))
+}
+
 /// Milliseconds since the Unix epoch, as stored in `*_ts` columns.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

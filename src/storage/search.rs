@@ -1,6 +1,6 @@
 //! The `event_search` table: the searchable text of events (migration 0023)
 //! and the full-text queries over it, FTS5 on SQLite and `tsvector` with a
-//! GIN index on PostgreSQL. Rows are written by [`index`] from
+//! GIN index on PostgreSQL. Rows are written by [`index_many`] from
 //! [`super::events::insert`] (every placed event passes there) and removed by
 //! [`unindex`] from [`super::events::set_redacted_by`], each in the
 //! transaction of the event. Which rows a caller may see is decided by the
@@ -36,24 +36,32 @@ fn searchable_text(e: &NewEvent<'_>) -> Option<(String, bool)> {
     Some((text.replace('\0', " "), contains_url))
 }
 
-/// Indexes a newly placed event (inside its transaction); events with
-/// nothing searchable are skipped.
-pub async fn index(conn: &mut AnyConnection, e: &NewEvent<'_>) -> Result<()> {
-    let Some((body, contains_url)) = searchable_text(e) else { return Ok(()) };
-    sqlx::query(
-        "INSERT INTO event_search (event_id, room_id, seq, stream, event_type, sender, contains_url, body) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-    )
-    .bind(e.event_id)
-    .bind(e.room_id)
-    .bind(e.seq)
-    .bind(e.stream)
-    .bind(e.event_type)
-    .bind(e.sender)
-    .bind(i64::from(contains_url))
-    .bind(body)
-    .execute(conn)
-    .await?;
+
+/// Indexes newly placed events (inside their transaction), in one
+/// statement per 64; events with nothing searchable are skipped.
+pub async fn index_many(conn: &mut AnyConnection, events: &[NewEvent<'_>]) -> Result<()> {
+    let texts: Vec<(&NewEvent<'_>, (String, bool))> =
+        events.iter().filter_map(|e| Some((e, searchable_text(e)?))).collect();
+    for chunk in texts.chunks(64) {
+        let sql = super::values_sql(
+            "INSERT INTO event_search (event_id, room_id, seq, stream, event_type, sender, contains_url, body)",
+            8,
+            chunk.len(),
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (e, (body, contains_url)) in chunk {
+            query = query
+                .bind(e.event_id)
+                .bind(e.room_id)
+                .bind(e.seq)
+                .bind(e.stream)
+                .bind(e.event_type)
+                .bind(e.sender)
+                .bind(i64::from(*contains_url))
+                .bind(body.as_str());
+        }
+        query.execute(&mut *conn).await?;
+    }
     Ok(())
 }
 
