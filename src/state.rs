@@ -67,6 +67,8 @@ pub struct Services {
     pub federation_sender: crate::federation::sender::Sender,
     /// Where other servers are reached (well-known cache, SRV).
     pub server_resolver: crate::federation::resolve::Resolver,
+    /// Sliding sync connections: what each client holds, per position.
+    pub sliding: crate::sync::sliding::conn::Connections,
     /// Backfills under way, and events no server could give.
     pub backfills: crate::federation::backfill::Backfills,
     /// Users deactivated with `erase: true` (loaded at start, added to on
@@ -114,6 +116,7 @@ impl AppState {
             key_fetch_backoff: crate::federation::keys::FetchBackoff::default(),
             server_keys: crate::federation::keys::KeyCache::default(),
             federation_sender: crate::federation::sender::Sender::default(),
+            sliding: crate::sync::sliding::conn::Connections::new(),
             backfills: crate::federation::backfill::Backfills::default(),
             erased: std::sync::RwLock::default(),
         }))

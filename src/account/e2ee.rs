@@ -136,6 +136,7 @@ pub async fn remove_devices(state: &AppState, user: &UserId, device_ids: &[&str]
     reservation.finish(Change::DeviceList { user: user.to_string() });
     for device in device_ids {
         state.tokens.forget_device(user.as_str(), device);
+        state.sliding.forget_device(user.as_str(), device);
     }
     wake_peers(state, user).await?;
     announce_devices(state, user, device_ids, true, pos, previous).await

@@ -479,6 +479,24 @@ impl FromRequestParts<AppState> for Authed {
     }
 }
 
+/// A request body checked to be JSON (or empty), kept as bytes for a
+/// parser of its own: the same limit and M_NOT_JSON as [`JsonBody`].
+#[derive(Debug)]
+pub struct RawJson(pub axum::body::Bytes);
+
+impl FromRequest<AppState> for RawJson {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self> {
+        let limit = state.settings.max_request_body_bytes;
+        let bytes = read_body(state, req.into_body(), limit, || too_large(limit)).await?;
+        if !bytes.iter().all(u8::is_ascii_whitespace) {
+            check_json(&bytes)?;
+        }
+        Ok(Self(bytes))
+    }
+}
+
 /// A JSON body for seqline's own endpoints, with the same limit and the same
 /// M_NOT_JSON / M_BAD_JSON distinction as [`Ruma`].
 #[derive(Debug)]

@@ -74,6 +74,17 @@ pub async fn changed_and_wanted(
     Ok((changed, wanted))
 }
 
+/// Every piece of `user`'s account data in `room_id`: (type, content).
+pub async fn of_room(db: &Db, user_id: &str, room_id: &str) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT data_type, content FROM account_data WHERE user_id = $1 AND room_id = $2 ORDER BY stream",
+    )
+    .bind(user_id)
+    .bind(room_id)
+    .fetch_all(&mut db.reader())
+    .await?)
+}
+
 /// Stores a filter; returns its id.
 pub async fn put_filter(db: &Db, user_id: &str, filter: &str) -> Result<String> {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM filters WHERE user_id = $1")

@@ -26,6 +26,7 @@ pub mod remote_devices;
 pub mod rooms;
 pub mod search;
 pub mod server_keys;
+pub mod sliding;
 pub mod state_runs;
 pub mod uia;
 pub mod users;

@@ -99,3 +99,43 @@ pub async fn put(db: &Db, r: &Receipt, stream: i64) -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// The receipts of `room_id` at any of `event_ids`, and `user`'s own
+/// wherever they are (what a room sent whole carries, sliding sync's
+/// receipts extension).
+pub async fn at_events_and_own(
+    db: &Db,
+    room_id: &str,
+    event_ids: &[&str],
+    user: &str,
+) -> Result<Vec<Receipt>> {
+    let sql = format!(
+        "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts FROM receipts \
+         WHERE room_id = $1 AND (user_id = $2{}) ORDER BY stream",
+        if event_ids.is_empty() {
+            String::new()
+        } else {
+            format!(" OR event_id IN ({})", super::params(3, event_ids.len()))
+        }
+    );
+    let mut query =
+        sqlx::query_as::<_, (String, String, String, String, String, i64)>(sqlx::AssertSqlSafe(sql))
+            .bind(room_id)
+            .bind(user);
+    for id in event_ids {
+        query = query.bind(*id);
+    }
+    Ok(query
+        .fetch_all(&mut db.reader())
+        .await?
+        .into_iter()
+        .map(|(room_id, user_id, receipt_type, thread_id, event_id, ts)| Receipt {
+            room_id,
+            user_id,
+            receipt_type,
+            thread_id,
+            event_id,
+            ts,
+        })
+        .collect())
+}

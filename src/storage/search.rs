@@ -36,7 +36,6 @@ fn searchable_text(e: &NewEvent<'_>) -> Option<(String, bool)> {
     Some((text.replace('\0', " "), contains_url))
 }
 
-
 /// Indexes newly placed events (inside their transaction), in one
 /// statement per 64; events with nothing searchable are skipped.
 pub async fn index_many(conn: &mut AnyConnection, events: &[NewEvent<'_>]) -> Result<()> {

@@ -141,30 +141,38 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
         if has_news || req.since.is_none() || req.full_state || final_pass || Instant::now() >= deadline {
             return Ok(body);
         }
-        // A write beyond this pass's position that finished while an earlier
-        // one is still in flight may have spent its wake-up on this pass:
-        // then the position reaching past it wakes the request too.
         let read_at = pass.now.stream;
-        let mut advanced = state.streams.held_back(read_at).then(|| state.streams.watch_position());
         last = Some(pass);
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let waiting = state.notifier.waiting();
-        let woken = async {
-            match &mut advanced {
-                Some(position) => tokio::select! {
-                    changed = wake.changed() => changed.is_ok(),
-                    moved = position.wait_for(|at| *at > read_at) => moved.is_ok(),
-                },
-                None => wake.changed().await.is_ok(),
-            }
-        };
-        let woken = matches!(tokio::time::timeout(remaining, woken).await, Ok(true));
-        drop(waiting);
-        if !woken {
+        if !wait_for_news(state, &mut wake, read_at, deadline).await {
             // Timed out: one last pass for what landed meanwhile.
             final_pass = true;
         }
     }
+}
+
+/// Waits until the user is woken (`wake`) or `deadline`; answers whether
+/// woken. A write beyond `read_at` (the position a pass read up to) that
+/// finished while an earlier one is still in flight may have spent its
+/// wake-up on that pass: then the position reaching past it wakes too.
+pub(crate) async fn wait_for_news(
+    state: &AppState,
+    wake: &mut tokio::sync::watch::Receiver<u64>,
+    read_at: i64,
+    deadline: Instant,
+) -> bool {
+    let mut advanced = state.streams.held_back(read_at).then(|| state.streams.watch_position());
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let _waiting = state.notifier.waiting();
+    let woken = async {
+        match &mut advanced {
+            Some(position) => tokio::select! {
+                changed = wake.changed() => changed.is_ok(),
+                moved = position.wait_for(|at| *at > read_at) => moved.is_ok(),
+            },
+            None => wake.changed().await.is_ok(),
+        }
+    };
+    matches!(tokio::time::timeout(remaining, woken).await, Ok(true))
 }
 
 /// One pass of [`sync`]: the room list (kept from the `last` pass while
@@ -589,7 +597,7 @@ async fn build(
 
 /// The timeline of a room between two seqs: up to `limit` readable events
 /// ending at `hi`, and whether readable events before them were left out.
-async fn timeline(
+pub(crate) async fn timeline(
     state: &AppState,
     view: &RoomView,
     access: &Access,
@@ -873,7 +881,7 @@ async fn left_room(
 }
 
 /// The users ignored per the stored `m.ignored_user_list` content.
-fn ignored_users(stored: Option<&str>) -> std::collections::HashSet<String> {
+pub(crate) fn ignored_users(stored: Option<&str>) -> std::collections::HashSet<String> {
     let value: Value = stored.and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default();
     value["ignored_users"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
 }
@@ -901,7 +909,7 @@ async fn invited_by_ignored(
 
 /// Stripped state for an invite or a knock: the room's identity, the
 /// user's own member event and its sender's.
-async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<Vec<Value>> {
+pub(crate) async fn invite_state(state: &AppState, view: &RoomView, me: &UserId) -> Result<Vec<Value>> {
     const TYPES: &[&str] = &crate::room::STRIPPED_STATE_TYPES;
     let mut out = Vec::new();
     let current = events::current_state(&state.db, &view.room.room_id).await?;

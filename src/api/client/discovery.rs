@@ -39,7 +39,12 @@ async fn versions(
     _state: AppState,
     _req: Ruma<get_supported_versions::Request>,
 ) -> Result<get_supported_versions::Response> {
-    Ok(get_supported_versions::Response::new(SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect()))
+    let mut response =
+        get_supported_versions::Response::new(SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect());
+    // Simplified sliding sync (MSC4186): the only switch Element X and
+    // matrix-rust-sdk look at.
+    response.unstable_features.insert("org.matrix.simplified_msc3575".to_owned(), true);
+    Ok(response)
 }
 
 async fn capabilities(

@@ -7,7 +7,7 @@ use ruma::api::client::filter::{FilterDefinition, LazyLoadOptions, create_filter
 use ruma::api::client::sync::sync_events::v3::{self as sync_events, Filter};
 use serde_json::Value;
 
-use crate::api::extract::{Ruma, route, route_json};
+use crate::api::extract::{Authed, RawJson, Ruma, route, route_json};
 use crate::error::{Error, Result};
 use crate::room::fields::EventFields;
 use crate::room::history;
@@ -18,7 +18,11 @@ use crate::sync::{self, DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncRequest, Token};
 /// The longest a sync waits, whatever the client asks.
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Simplified sliding sync's path (the unstable one every client speaks).
+pub const SLIDING_SYNC_PATH: &str = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync";
+
 pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
+    let router = router.route(SLIDING_SYNC_PATH, axum::routing::post(sliding_sync));
     let router = route_json(router, sync_handler);
     let router = route(router, create);
     route(router, get)
@@ -142,4 +146,35 @@ async fn get(state: AppState, req: Ruma<get_filter::v3::Request>) -> Result<get_
         .await?
         .ok_or_else(|| Error::NotFound("Unknown filter".into()))?;
     Ok(get_filter::v3::Response::new(parse_definition(&text)?))
+}
+
+/// `POST /_matrix/client/unstable/org.matrix.simplified_msc3575/sync`:
+/// `pos`, `timeout` and `set_presence` come in the query (a `pos` or
+/// `timeout` in the body is read too, the query's winning).
+async fn sliding_sync(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    Authed(me): Authed,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    RawJson(bytes): RawJson,
+) -> Result<axum::Json<Value>> {
+    let query = query.unwrap_or_default();
+    let param = |name: &str| {
+        form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
+    };
+    let body = sync::sliding::request::parse(&bytes)?;
+    let timeout = match param("timeout") {
+        Some(t) => Some(t.parse::<u64>().map_err(|_| Error::InvalidParam(format!("Invalid timeout {t:?}")))?),
+        None => body.timeout,
+    };
+    let request = sync::sliding::Request {
+        pos: param("pos").or_else(|| body.pos.clone()),
+        timeout: Duration::from_millis(timeout.unwrap_or(0)),
+        body,
+    };
+    let presence = param("set_presence").unwrap_or_else(|| "online".into());
+    if !matches!(presence.as_str(), "online" | "offline" | "unavailable") {
+        return Err(Error::InvalidParam(format!("Invalid set_presence {presence:?}")));
+    }
+    sync::presence::touch_from_sync(&state, &me.user_id, &presence).await?;
+    Ok(axum::Json(sync::sliding::sync(&state, &me, request).await?))
 }

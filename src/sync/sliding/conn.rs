@@ -78,6 +78,12 @@ struct Inner {
     connections: HashMap<Key, Connection>,
 }
 
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections").field("connections", &self.len()).finish()
+    }
+}
+
 impl Default for Connections {
     fn default() -> Self {
         Self::new()

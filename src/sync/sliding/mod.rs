@@ -1,10 +1,383 @@
-//! Simplified sliding sync (MSC4186, the protocol Element X and
-//! matrix-rust-sdk speak; `../shared/SLIDING-SYNC.md` is the study).
+//! Simplified sliding sync (MSC4186 in the form Element X, matrix-rust-sdk
+//! and matrix-js-sdk speak; `../shared/SLIDING-SYNC.md` is the study):
+//! `POST /_matrix/client/unstable/org.matrix.simplified_msc3575/sync`.
 //!
-//! Built so far: the request body read into bounded types ([`request`]) and
-//! the per-connection store of what each client holds, kept per position
-//! ([`conn`]). Not yet: the endpoint, the room lists, the per-room data and
-//! the extensions (issue 29).
+//! A request names a connection (`conn_id`, per device) and the position
+//! (`pos`) its client holds; [`conn`] keeps, per position, which rooms the
+//! client has and how far. The answer holds each list's `count`, the rooms
+//! in the lists' ranges and the subscriptions that have something the
+//! client lacks ([`room`]), and the extensions ([`ext`]). When there is
+//! nothing and the client gave a `pos` and a `timeout`, the request waits
+//! for the user's next change (the notifier `/sync` uses) and builds again
+//! from the same position. Every read goes through the user's readable
+//! ranges, as `/sync` and `/messages` do.
 
 pub mod conn;
+pub mod ext;
+pub mod list;
 pub mod request;
+pub mod room;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use self::conn::{RoomSent, Sent, Snapshot};
+use self::ext::Ext;
+use self::list::{Candidate, Facts};
+use self::request::Body;
+use crate::account::Requester;
+use crate::error::Result;
+use crate::state::AppState;
+use crate::storage::{account_data, events, keys, sliding};
+use crate::sync::Token;
+
+/// The longest a request waits, whatever the client asks.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A request: the query's `pos` and `timeout` (else the body's), the body.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub pos: Option<String>,
+    pub timeout: Duration,
+    pub body: Body,
+}
+
+/// Answers a sliding sync request, waiting for news up to its timeout when
+/// it builds on a position and there is none yet.
+pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Value> {
+    let user = me.user_id.as_str();
+    let device = me.device_id.as_str();
+    let body = &req.body;
+    let held = state.sliding.load(user, device, &body.conn_id, req.pos.as_deref())?;
+    // The first request of a connection answers at once.
+    let deadline =
+        Instant::now() + if held.is_some() { req.timeout.min(MAX_TIMEOUT) } else { Duration::ZERO };
+    let to_device = Ext::of(&body.extensions, "to_device");
+    if to_device.enabled
+        && let Some(since) = to_device.since()
+    {
+        // What the device says it has is dropped; what follows is read above it.
+        keys::ack_to_device(&state.db, user, device, since).await?;
+    }
+    let mut wake = state.notifier.subscribe(user);
+    let mut final_pass = false;
+    loop {
+        wake.borrow_and_update();
+        let candidates = sliding::rooms_of(&state.db, user).await?;
+        let joined: Vec<String> = candidates
+            .iter()
+            .filter(|r| r.open.as_deref() == Some("join"))
+            .map(|r| r.room_id.clone())
+            .collect();
+        let _watch = state.notifier.watch_rooms(user, joined);
+        let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
+        let (mut answer, news, snapshot) = build(state, me, body, held.as_deref(), candidates, now).await?;
+        if news || held.is_none() || final_pass || Instant::now() >= deadline {
+            answer["pos"] = json!(state.sliding.store(user, device, &body.conn_id, snapshot));
+            if let Some(txn_id) = &body.txn_id {
+                answer["txn_id"] = json!(txn_id);
+            }
+            return Ok(answer);
+        }
+        if !crate::sync::wait_for_news(state, &mut wake, now.stream, deadline).await {
+            // Timed out: one last pass for what landed meanwhile.
+            final_pass = true;
+        }
+    }
+}
+
+/// The spaces a `spaces` filter names that the user is joined to, with the
+/// rooms each names as children (an `m.space.child` with a `via`).
+async fn space_children(
+    state: &AppState,
+    body: &Body,
+    candidates: &[sliding::ListedRoom],
+) -> Result<HashMap<String, HashSet<String>>> {
+    let mut out = HashMap::new();
+    let spaces: HashSet<&String> =
+        body.lists.values().filter_map(|l| l.filters.spaces.as_ref()).flatten().collect();
+    for space in spaces {
+        let joined = candidates.iter().any(|c| &c.room_id == space && c.open.as_deref() == Some("join"));
+        if !joined {
+            continue;
+        }
+        let mut children = HashSet::new();
+        for stored in events::current_state_of_type(&state.db, space, "m.space.child").await? {
+            let Ok(pdu) = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json) else {
+                continue;
+            };
+            let content: Value = pdu.content_as().unwrap_or_default();
+            if content["via"].as_array().is_some_and(|v| !v.is_empty())
+                && let Some(key) = pdu.state_key
+            {
+                children.insert(key);
+            }
+        }
+        out.insert(space.clone(), children);
+    }
+    Ok(out)
+}
+
+/// Builds an answer at `now` for a client holding `held`: the body (without
+/// `pos`), whether it carries news, and what the client holds once it has it.
+async fn build(
+    state: &AppState,
+    me: &Requester,
+    body: &Body,
+    held: Option<&Snapshot>,
+    listed: Vec<sliding::ListedRoom>,
+    now: Token,
+) -> Result<(Value, bool, Snapshot)> {
+    let user = me.user_id.as_str();
+    let since = held.map_or(0, |h| h.stream);
+    let (changed_data, personal) = account_data::changed_and_wanted(
+        &state.db,
+        user,
+        since,
+        now.stream,
+        &["m.push_rules", "m.ignored_user_list", "m.direct"],
+    )
+    .await?;
+    let stored = |kind: &str| personal.iter().find(|(k, _)| k == kind).map(|(_, c)| c.as_str());
+    let rules = crate::notify::rules_from(state, &me.user_id, stored("m.push_rules"))?;
+    let mut facts = Facts {
+        direct: list::direct_rooms(stored("m.direct")),
+        ignored: crate::sync::ignored_users(stored("m.ignored_user_list")),
+        children: space_children(state, body, &listed).await?,
+    };
+
+    // The device's to-device messages (from what it acknowledged), key
+    // counts, and every pending invite into a room on another server.
+    let to_device = Ext::of(&body.extensions, "to_device");
+    let acked = if to_device.enabled { to_device.since().unwrap_or(0) } else { now.stream };
+    let window = keys::device_window(
+        &state.db,
+        user,
+        me.device_id.as_str(),
+        acked,
+        0,
+        now.stream,
+        to_device.limit() + 1,
+    )
+    .await?;
+
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for room in listed {
+        let shown = match room.open.as_deref() {
+            // An invite from someone ignored is never shown.
+            Some("invite") if facts.ignored.contains(&room.sender) => continue,
+            Some(_) => true,
+            // One's own leave is listed only when it is news to this client.
+            None => room.sender != user || (held.is_some() && room.stream > since),
+        };
+        candidates.push(Candidate { room, remote: None, listed: shown });
+    }
+    for invite in &window.remote_invites {
+        let on_line = candidates.iter().any(|c| c.room.room_id == invite.room_id);
+        let inviter = serde_json::from_str::<Value>(&invite.json)
+            .ok()
+            .and_then(|e| e["sender"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if invite.rejected != 0 || on_line || facts.ignored.contains(&inviter) {
+            continue;
+        }
+        let stripped: Value = serde_json::from_str(&invite.stripped_state).unwrap_or_else(|_| json!([]));
+        candidates.push(Candidate {
+            room: sliding::ListedRoom {
+                room_id: invite.room_id.clone(),
+                open: None,
+                horizon: 0,
+                stream: invite.stream,
+                sender: inviter,
+                room_type: None,
+                encrypted: false,
+            },
+            remote: Some((stripped, invite.membership.clone())),
+            listed: true,
+        });
+    }
+    let selection = list::select(body, &mut candidates, &facts);
+    facts.children.clear();
+
+    // Rooms held live with the same config need a look only when something
+    // landed in them since (one probe for all).
+    let unchanged_config = |id: &str, config: &request::RoomConfig| {
+        held.and_then(|h| h.rooms.get(id)).is_some_and(|s| s.sent == Sent::Live && &s.config == config)
+    };
+    let live: Vec<&str> =
+        selection.rooms.iter().filter(|(id, c)| unchanged_config(id, c)).map(|(id, _)| id.as_str()).collect();
+    let moved: HashSet<String> = if live.is_empty() {
+        HashSet::new()
+    } else {
+        events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect()
+    };
+    let ids: Vec<&str> = selection
+        .rooms
+        .keys()
+        .map(String::as_str)
+        .filter(|id| !live.contains(id) || moved.contains(*id))
+        .collect();
+    let mut views: HashMap<String, crate::storage::rooms::RoomRow> =
+        crate::storage::rooms::get_many(&state.db, &ids)
+            .await?
+            .into_iter()
+            .map(|r| (r.room_id.clone(), r))
+            .collect();
+
+    let ctx = room::Ctx { state, me, now, rules: &rules };
+    let by_id: HashMap<&str, &Candidate> = candidates.iter().map(|c| (c.room.room_id.as_str(), c)).collect();
+    let mut rooms = Map::new();
+    let mut whole: HashMap<String, Vec<String>> = HashMap::new();
+    let mut receipts_of: HashMap<String, Vec<crate::storage::receipts::Receipt>> = HashMap::new();
+    for id in &ids {
+        let (Some(candidate), Some(config)) = (by_id.get(id), selection.rooms.get(*id)) else { continue };
+        let sent = held.and_then(|h| h.rooms.get(*id));
+        if let Some((stripped, _)) = &candidate.remote {
+            if sent.is_none_or(|_| candidate.room.stream > since) {
+                let mut entry = json!({ "invite_state": stripped, "bump_stamp": candidate.room.stream });
+                if sent.is_none() {
+                    entry["initial"] = json!(true);
+                }
+                rooms.insert((*id).to_owned(), entry);
+            }
+            continue;
+        }
+        let Some(row) = views.remove(*id) else { continue };
+        let view = crate::room::read::view_of(row)?;
+        let held_room = room::Held { sent, stream: since };
+        let built =
+            room::build(&ctx, &view, candidate, config, held_room, facts.direct.contains(*id)).await?;
+        if built.whole {
+            whole.insert((*id).to_owned(), built.timeline);
+        }
+        receipts_of.insert((*id).to_owned(), built.receipts);
+        if let Some(entry) = built.body {
+            rooms.insert((*id).to_owned(), entry);
+        }
+    }
+
+    // What the client holds once it has this answer: the rooms selected now
+    // live, the others as far as they were.
+    let mut snapshot = Snapshot { stream: now.stream, typing: now.typing, rooms: HashMap::new() };
+    if let Some(h) = held {
+        for (id, sent) in &h.rooms {
+            let until = match sent.sent {
+                Sent::Live => h.stream,
+                Sent::Until(t) => t,
+            };
+            snapshot
+                .rooms
+                .insert(id.clone(), RoomSent { sent: Sent::Until(until), config: sent.config.clone() });
+        }
+    }
+    for (id, config) in &selection.rooms {
+        snapshot.rooms.insert(id.clone(), RoomSent { sent: Sent::Live, config: config.clone() });
+    }
+
+    let mut news = !rooms.is_empty();
+    let mut extensions = Map::new();
+    if to_device.enabled {
+        let limit = usize::try_from(to_device.limit()).unwrap_or(100);
+        let more = window.to_device.len() > limit;
+        let messages = &window.to_device[..window.to_device.len().min(limit)];
+        let next = if more { messages.last().map_or(acked, |m| m.0) } else { acked.max(now.stream) };
+        let events: Vec<Value> = messages
+            .iter()
+            .map(|(_, sender, kind, content)| {
+                json!({ "sender": sender, "type": kind, "content": serde_json::from_str::<Value>(content).unwrap_or_default() })
+            })
+            .collect();
+        news |= !events.is_empty();
+        extensions.insert("to_device".into(), json!({ "next_batch": next.to_string(), "events": events }));
+    }
+    if Ext::of(&body.extensions, "e2ee").enabled {
+        let mut e2ee = json!({
+            "device_one_time_keys_count": crate::account::e2ee::otk_counts_json(&window.one_time_keys),
+            "device_unused_fallback_key_types": window.fallback,
+        });
+        if held.is_some() {
+            let (changed, left, _) =
+                crate::sync::device_list_movement(state, &me.user_id, since, now.stream).await?;
+            news |= !changed.is_empty() || !left.is_empty();
+            e2ee["device_lists"] = json!({ "changed": changed, "left": left });
+        }
+        extensions.insert("e2ee".into(), e2ee);
+    }
+    let account = Ext::of(&body.extensions, "account_data");
+    if account.enabled {
+        let mut global: Vec<Value> = changed_data
+            .iter()
+            .filter(|(room, _, _)| room.is_empty())
+            .map(|(_, kind, content)| json!({ "type": kind, "content": parse(content) }))
+            .collect();
+        if held.is_none() && !global.iter().any(|d| d["type"] == "m.push_rules") {
+            global.push(json!({ "type": "m.push_rules", "content": { "global": *rules } }));
+        }
+        let mut per_room = Map::new();
+        for id in account.rooms(&selection) {
+            let data: Vec<Value> = if whole.contains_key(id) {
+                account_data::of_room(&state.db, user, id)
+                    .await?
+                    .into_iter()
+                    .map(|(kind, content)| json!({ "type": kind, "content": parse(&content) }))
+                    .collect()
+            } else {
+                changed_data
+                    .iter()
+                    .filter(|(room, _, _)| room == id)
+                    .map(|(_, kind, content)| json!({ "type": kind, "content": parse(content) }))
+                    .collect()
+            };
+            if !data.is_empty() {
+                per_room.insert(id.to_owned(), json!(data));
+            }
+        }
+        news |= !global.is_empty() || !per_room.is_empty();
+        extensions.insert("account_data".into(), json!({ "global": global, "rooms": per_room }));
+    }
+    let receipts = Ext::of(&body.extensions, "receipts");
+    if receipts.enabled {
+        let mut per_room = Map::new();
+        for id in receipts.rooms(&selection) {
+            let found = match whole.get(id) {
+                Some(timeline) => {
+                    let ids: Vec<&str> = timeline.iter().map(String::as_str).collect();
+                    crate::storage::receipts::at_events_and_own(&state.db, id, &ids, user).await?
+                }
+                None => receipts_of.remove(id).unwrap_or_default(),
+            };
+            if let Some(event) = ext::receipt_event(&found, user) {
+                per_room.insert(id.to_owned(), event);
+            }
+        }
+        news |= !per_room.is_empty();
+        extensions.insert("receipts".into(), json!({ "rooms": per_room }));
+    }
+    let typing = Ext::of(&body.extensions, "typing");
+    if typing.enabled {
+        let mut per_room = Map::new();
+        for id in typing.rooms(&selection) {
+            if by_id.get(id).is_none_or(|c| c.membership() != Some("join")) {
+                continue;
+            }
+            let from = if whole.contains_key(id) { None } else { held.map(|h| h.typing) };
+            if let Some(users) = state.typing.changed_since(id, from, now.typing) {
+                per_room
+                    .insert(id.to_owned(), json!({ "type": "m.typing", "content": { "user_ids": users } }));
+            }
+        }
+        news |= !per_room.is_empty();
+        extensions.insert("typing".into(), json!({ "rooms": per_room }));
+    }
+
+    let lists: Map<String, Value> =
+        selection.lists.iter().map(|(name, (count, _))| (name.clone(), json!({ "count": count }))).collect();
+    let answer = json!({ "lists": lists, "rooms": rooms, "extensions": extensions });
+    Ok((answer, news, snapshot))
+}
+
+fn parse(content: &str) -> Value {
+    serde_json::from_str(content).unwrap_or_else(|_| json!({}))
+}

@@ -1,0 +1,97 @@
+//! What simplified sliding sync (`sync::sliding`) reads in one go: a
+//! user's rooms with what its lists sort and filter by, and a room's
+//! `bump_stamp`.
+
+use super::Db;
+use crate::error::Result;
+
+/// One of a user's rooms, as the room list sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedRoom {
+    /// The room.
+    pub room_id: String,
+    /// The membership the user holds now when it is `join`, `invite` or
+    /// `knock` (an open range); `None` when they left, were kicked or
+    /// banned, or an invite or knock of theirs ended.
+    pub open: Option<String>,
+    /// The last position the user's view of the room reaches: the room's
+    /// head when joined, else the event that ended their last range (or the
+    /// invite or knock that opened the open one).
+    pub horizon: i64,
+    /// The global stream position of the event at `horizon` (0 if none):
+    /// what the lists sort by.
+    pub stream: i64,
+    /// The sender of the event at `horizon` (whether a leave was one's
+    /// own).
+    pub sender: String,
+    /// `m.room.create`'s `content.type`.
+    pub room_type: Option<String>,
+    /// The room has an `m.room.encryption` state event now.
+    pub encrypted: bool,
+}
+
+type Row = (String, Option<String>, i64, Option<i64>, Option<String>, Option<String>, i64);
+
+/// Every room of `user`'s with any membership range, forgotten ones left
+/// out, in one statement.
+pub async fn rooms_of(db: &Db, user: &str) -> Result<Vec<ListedRoom>> {
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT x.room_id, x.open_kind, x.horizon, e.stream, e.sender, s.room_type, \
+           CASE WHEN EXISTS (SELECT 1 FROM room_state rs WHERE rs.room_id = x.room_id \
+             AND rs.event_type = 'm.room.encryption' AND rs.state_key = '' AND rs.event_id <> '') THEN 1 ELSE 0 END \
+         FROM (SELECT m.room_id, \
+                 MAX(CASE WHEN m.max_seq IS NULL THEN m.kind ELSE NULL END) AS open_kind, \
+                 MAX(CASE WHEN m.max_seq IS NULL AND m.kind = 'join' THEN r.last_seq \
+                          ELSE COALESCE(m.max_seq, m.min_seq) END) AS horizon \
+               FROM memberships m JOIN rooms r ON r.room_id = m.room_id \
+               WHERE m.user_id = $1 AND NOT EXISTS \
+                 (SELECT 1 FROM forgotten_rooms f WHERE f.user_id = m.user_id AND f.room_id = m.room_id) \
+               GROUP BY m.room_id) x \
+         LEFT JOIN events e ON e.room_id = x.room_id AND e.seq = x.horizon \
+         LEFT JOIN room_summaries s ON s.room_id = x.room_id",
+    )
+    .bind(user)
+    .fetch_all(&mut db.reader())
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(room_id, open, horizon, stream, sender, room_type, encrypted)| ListedRoom {
+            room_id,
+            open,
+            horizon,
+            stream: stream.unwrap_or(0).max(0),
+            sender: sender.unwrap_or_default(),
+            room_type,
+            encrypted: encrypted != 0,
+        })
+        .collect())
+}
+
+/// The event types that move a room's `bump_stamp` (Synapse's list, which
+/// the merged MSC4186 text repeats).
+pub const BUMP_TYPES: [&str; 8] = [
+    "m.room.create",
+    "m.room.message",
+    "m.room.encrypted",
+    "m.sticker",
+    "m.call.invite",
+    "m.poll.start",
+    "m.beacon_info",
+    "org.matrix.msc3672.beacon_info",
+];
+
+/// The stream position of the newest event of a bump type at or below
+/// `upto` in `room_id` (0 when none has one: backfilled history has none).
+/// One backwards index walk that stops at the first such event.
+pub async fn bump_stamp(db: &Db, room_id: &str, upto: i64) -> Result<i64> {
+    let sql = format!(
+        "SELECT stream FROM events WHERE room_id = $1 AND seq <= $2 AND stream > 0 AND event_type IN ({}) \
+         ORDER BY seq DESC LIMIT 1",
+        super::params(3, BUMP_TYPES.len())
+    );
+    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql)).bind(room_id).bind(upto);
+    for kind in BUMP_TYPES {
+        query = query.bind(kind);
+    }
+    Ok(query.fetch_optional(&mut db.reader()).await?.unwrap_or(0).max(0))
+}

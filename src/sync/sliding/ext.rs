@@ -1,0 +1,148 @@
+//! Sliding sync extensions (`../shared/SLIDING-SYNC.md` §A.6): to-device
+//! messages, end-to-end encryption state, account data, receipts and
+//! typing. Each is off unless the request says `enabled: true`; `lists`
+//! and `rooms` restrict the room-scoped ones to the rooms of those lists
+//! and subscriptions (default: all).
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde_json::{Map, Value, json};
+
+use super::list::Selection;
+use crate::storage::receipts::Receipt;
+
+/// An extension's request.
+#[derive(Debug, Clone, Default)]
+pub struct Ext {
+    /// `enabled: true` was sent.
+    pub enabled: bool,
+    /// List names whose rooms it covers (`None`: all).
+    lists: Option<Vec<String>>,
+    /// Subscribed rooms it covers (`None`: all).
+    rooms: Option<Vec<String>>,
+    /// The rest of the request (`since`, `limit`).
+    pub raw: Value,
+}
+
+/// The most to-device messages one answer carries.
+pub const TO_DEVICE_LIMIT: i64 = 100;
+
+impl Ext {
+    /// Reads extension `name` of the request's extensions.
+    pub fn of(extensions: &BTreeMap<String, Value>, name: &str) -> Self {
+        let Some(raw) = extensions.get(name) else { return Self::default() };
+        let names = |field: &str| -> Option<Vec<String>> {
+            let list: Vec<String> =
+                raw[field].as_array()?.iter().filter_map(Value::as_str).map(str::to_owned).collect();
+            (!list.iter().any(|n| n == "*")).then_some(list)
+        };
+        Self {
+            enabled: raw["enabled"].as_bool() == Some(true),
+            lists: names("lists"),
+            rooms: names("rooms"),
+            raw: raw.clone(),
+        }
+    }
+
+    /// The rooms of `selection` this extension covers.
+    pub fn rooms<'a>(&self, selection: &'a Selection) -> HashSet<&'a str> {
+        let mut out = HashSet::new();
+        if !self.enabled {
+            return out;
+        }
+        for (room, lists) in &selection.in_lists {
+            if self.lists.as_ref().is_none_or(|wanted| lists.iter().any(|l| wanted.contains(l))) {
+                out.insert(room.as_str());
+            }
+        }
+        for room in &selection.subscribed {
+            if self.rooms.as_ref().is_none_or(|wanted| wanted.contains(room)) {
+                out.insert(room.as_str());
+            }
+        }
+        out
+    }
+
+    /// `to_device.since`: the position of the last message the device has.
+    pub fn since(&self) -> Option<i64> {
+        match &self.raw["since"] {
+            Value::String(s) => s.parse().ok(),
+            Value::Number(n) => n.as_i64(),
+            _ => None,
+        }
+        .filter(|s| *s >= 0)
+    }
+
+    /// `to_device.limit`, at most [`TO_DEVICE_LIMIT`].
+    pub fn limit(&self) -> i64 {
+        self.raw["limit"].as_i64().filter(|l| *l > 0).map_or(TO_DEVICE_LIMIT, |l| l.min(TO_DEVICE_LIMIT))
+    }
+}
+
+/// A room's receipts as one `m.receipt` event's content; the private
+/// receipts of others are left out. (One user's receipts of one type at one
+/// event in two threads keep the last: clients read one per user here.)
+pub fn receipt_event(receipts: &[Receipt], me: &str) -> Option<Value> {
+    let mut content = Map::new();
+    for r in receipts {
+        if r.receipt_type == "m.read.private" && r.user_id != me {
+            continue;
+        }
+        let mut receipt = json!({ "ts": r.ts });
+        if !r.thread_id.is_empty() {
+            receipt["thread_id"] = json!(r.thread_id);
+        }
+        let entry = content.entry(r.event_id.clone()).or_insert_with(|| json!({}));
+        entry[&r.receipt_type][&r.user_id] = receipt;
+    }
+    (!content.is_empty()).then(|| json!({ "type": "m.receipt", "content": content }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extension_scope_and_fields() {
+        let exts = BTreeMap::from([
+            ("typing".to_owned(), json!({ "enabled": true, "lists": ["all"] })),
+            ("to_device".to_owned(), json!({ "enabled": true, "since": "42", "limit": 1000 })),
+            ("receipts".to_owned(), json!({ "enabled": false })),
+        ]);
+        let selection = Selection {
+            in_lists: [("!a".to_owned(), vec!["all".to_owned()]), ("!b".to_owned(), vec!["dms".to_owned()])]
+                .into_iter()
+                .collect(),
+            subscribed: ["!c".to_owned()].into_iter().collect(),
+            ..Selection::default()
+        };
+        let typing = Ext::of(&exts, "typing");
+        let mut rooms: Vec<&str> = typing.rooms(&selection).into_iter().collect();
+        rooms.sort_unstable();
+        assert_eq!(rooms, vec!["!a", "!c"]);
+        assert!(Ext::of(&exts, "receipts").rooms(&selection).is_empty());
+        assert!(!Ext::of(&exts, "e2ee").enabled);
+        let to_device = Ext::of(&exts, "to_device");
+        assert_eq!((to_device.since(), to_device.limit()), (Some(42), TO_DEVICE_LIMIT));
+    }
+
+    #[test]
+    fn private_receipts_of_others_are_left_out() {
+        let r = |user: &str, kind: &str| Receipt {
+            room_id: "!r".into(),
+            user_id: user.into(),
+            receipt_type: kind.into(),
+            thread_id: String::new(),
+            event_id: "$e".into(),
+            ts: 1,
+        };
+        let got = receipt_event(
+            &[r("@me:x", "m.read.private"), r("@a:x", "m.read.private"), r("@a:x", "m.read")],
+            "@me:x",
+        )
+        .unwrap();
+        assert_eq!(got["content"]["$e"]["m.read.private"].as_object().unwrap().len(), 1);
+        assert_eq!(got["content"]["$e"]["m.read"]["@a:x"]["ts"], 1);
+        assert!(receipt_event(&[r("@a:x", "m.read.private")], "@me:x").is_none());
+    }
+}
