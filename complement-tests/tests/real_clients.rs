@@ -12,6 +12,11 @@
 //!   events, `scrollback` from a fresh device to the create event, then Rust
 //!   crypto (`initRustCrypto`, in-memory store) in an encrypted room whose
 //!   messages the other side decrypts, and leaves.
+//! - matrix-js-sdk's own sliding sync client (`SlidingSync`, simplified
+//!   MSC4186) runs `clients/js/matrix-js-sdk/sliding.mjs`: bob's client
+//!   syncs only through it; an invite shows and is joined from the client,
+//!   the room's history and a live message reach its timeline, a message it
+//!   sends reaches the server, a newer room is bumped above, a leave is seen.
 //! - Hydrogen (`hydrogen-view-sdk`, the whole app, bundled by esbuild) runs in
 //!   Debian's headless Chromium driven by playwright-core
 //!   (`clients/js/hydrogen/flow.mjs`): log in through its login screen, open a
@@ -41,6 +46,7 @@ backend_tests!(
     matrix_nio_e2ee_across_servers,
     matrix_nio_e2ee_with_synapse,
     matrix_js_sdk_flow,
+    matrix_js_sdk_sliding_sync,
     matrix_js_sdk_across_servers,
     matrix_js_sdk_with_synapse,
     hydrogen_flow
@@ -233,6 +239,14 @@ async fn matrix_js_sdk_flow(backend: Backend) {
     let prefix = format!("jssdk_{}", backend_name(&backend));
     let output = js_flow(&node, "matrix-js-sdk/flow.mjs", &server, &["--prefix", &prefix]).await;
     assert!(output.contains("OK: matrix-js-sdk flow passed"), "no OK line:\n{output}");
+}
+
+async fn matrix_js_sdk_sliding_sync(backend: Backend) {
+    let node = js_node(false).await;
+    let server = Server::start(&backend).await;
+    let prefix = format!("jsss_{}", backend_name(&backend));
+    let output = js_flow(&node, "matrix-js-sdk/sliding.mjs", &server, &["--prefix", &prefix]).await;
+    assert!(output.contains("OK: matrix-js-sdk sliding sync flow passed"), "no OK line:\n{output}");
 }
 
 /// The matrix-js-sdk flow (Rust crypto, plain and encrypted rooms, history,

@@ -334,7 +334,7 @@ async fn timeline_limit_prev_batch_and_required_state(backend: Backend) {
         r["required_state"].as_array().unwrap().iter().filter(|e| e["type"] == "m.room.member").count(),
         3
     );
-    assert!(r.get("timeline").is_none(), "timeline_limit 0: {r}");
+    assert_eq!(r["timeline"], json!([]), "timeline_limit 0: {r}");
     // ["*", ""]: every type with an empty key, no members.
     let empty_keys = json!({ "conn_id": "keys", "room_subscriptions": { &room: {
         "timeline_limit": 1, "required_state": [["*", ""]],
@@ -365,7 +365,8 @@ async fn invite_join_and_kick_are_told_as_element_x_reads_them(backend: Backend)
         stripped.iter().find(|e| e["type"] == "m.room.member" && e["state_key"] == bob.user_id.as_str());
     assert_eq!(own.expect("own member event in invite_state")["content"]["membership"], "invite");
     assert!(stripped.iter().any(|e| e["type"] == "m.room.name" && e["content"]["name"] == "Club"));
-    assert!(r.get("timeline").is_none() && r.get("required_state").is_none(), "{r}");
+    // No events, no state: only the stripped state (the fields are there, empty).
+    assert_eq!((&r["timeline"], &r["required_state"]), (&json!([]), &json!([])), "{r}");
     assert_eq!(invited["lists"]["all"]["count"], 1);
     // Asked again with nothing new: not sent again.
     let quiet = ss_ok(&server, &bob, Some(&pos(&invited)), 0, all_rooms(json!([[0, 9]]), 5)).await;
@@ -375,6 +376,10 @@ async fn invite_join_and_kick_are_told_as_element_x_reads_them(backend: Backend)
     let joined = ss_ok(&server, &bob, Some(&pos(&quiet)), 5_000, all_rooms(json!([[0, 9]]), 5)).await;
     let r = &joined["rooms"][&room];
     assert!(r.get("invite_state").is_none(), "{r}");
+    // The client held only the stripped state: the room comes whole, its
+    // history before the invite included (shared visibility).
+    assert_eq!(r["initial"], true, "{r}");
+    assert!(bodies(r).contains(&"before the invite".to_owned()), "{r}");
     assert_eq!(state_of(r, "m.room.member", &bob.user_id).expect("$ME")["content"]["membership"], "join");
     // Kicked: the own leave in required_state, nothing after it later.
     let (status, _) = server

@@ -236,7 +236,14 @@ async fn build(
         let sent = held.and_then(|h| h.rooms.get(*id));
         if let Some((stripped, _)) = &candidate.remote {
             if sent.is_none_or(|_| candidate.room.stream > since) {
-                let mut entry = json!({ "invite_state": stripped, "bump_stamp": candidate.room.stream });
+                // Empty `timeline` and `required_state` are sent all the
+                // same: matrix-js-sdk reads both from every room.
+                let mut entry = json!({
+                    "invite_state": stripped,
+                    "bump_stamp": candidate.room.stream,
+                    "timeline": [],
+                    "required_state": [],
+                });
                 if sent.is_none() {
                     entry["initial"] = json!(true);
                 }

@@ -122,13 +122,9 @@ pub async fn build(
     let me = ctx.me;
     let access = read::access(state, view, &me.user_id).await?;
     let room_id = view.room.room_id.as_str();
-    let initial = held.sent.is_none();
     let since_stream = held.until();
     let membership = access.history.current().to_owned();
     let mut out = Map::new();
-    if initial {
-        out.insert("initial".into(), json!(true));
-    }
     if is_dm {
         out.insert("is_dm".into(), json!(true));
     }
@@ -139,12 +135,18 @@ pub async fn build(
         if since_stream.is_some_and(|s| candidate.room.stream <= s) {
             return Ok(nothing);
         }
+        // An invite or knock replaces whatever the client knew of the room.
+        out.insert("initial".into(), json!(true));
         let stripped = crate::sync::invite_state(state, view, &me.user_id).await?;
         out.insert("invite_state".into(), json!(stripped));
+        // No events nor state but the stripped state; the empty fields are
+        // sent all the same (matrix-js-sdk reads both from every room).
+        out.insert("timeline".into(), json!([]));
+        out.insert("required_state".into(), json!([]));
         out.insert("bump_stamp".into(), json!(candidate.room.stream));
         return Ok(Built {
             body: Some(Value::Object(out)),
-            whole: initial,
+            whole: true,
             timeline: Vec::new(),
             receipts: Vec::new(),
         });
@@ -162,6 +164,14 @@ pub async fn build(
         Some(s) => events::seq_at_stream(&state.db, room_id, s).await?.min(end),
         None => 0,
     };
+    // Never sent, or joined since the client's position (it held at most
+    // an invite's stripped state): the room goes whole, as `initial`.
+    let stay_start =
+        access.stays.iter().filter(|r| r.kind == "join" && r.max_seq.is_none()).map(|r| r.min_seq).max();
+    let initial = held.sent.is_none() || (joined && stay_start.is_some_and(|s| s > since_seq));
+    if initial {
+        out.insert("initial".into(), json!(true));
+    }
     let before = held.sent.map(|s| &s.config);
     let timeline_grew = before.is_some_and(|b| config.timeline_limit > b.timeline_limit);
     let state_grew =
@@ -252,10 +262,8 @@ pub async fn build(
     let num_live = if initial { 0 } else { timeline.iter().filter(|e| e.stored.seq > since_seq).count() };
     let refs: Vec<&Loaded> = timeline.iter().collect();
     let formatted = read::format_events(state, view, &access, me, &refs).await?;
-    if config.timeline_limit > 0 {
-        out.insert("timeline".into(), json!(formatted));
-        out.insert("num_live".into(), json!(num_live));
-    }
+    out.insert("timeline".into(), json!(formatted));
+    out.insert("num_live".into(), json!(num_live));
     if limited {
         out.insert("limited".into(), json!(true));
     }
