@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 pub mod federation;
 mod search;
+mod sliding;
 mod sync;
 
 /// The benchmark's settings (also its command line).
@@ -122,6 +123,26 @@ pub struct Config {
     /// each, e.g. 1,10,100,300.
     #[arg(long, value_delimiter = ',')]
     pub sync_growth_rooms: Vec<usize>,
+    /// The sliding sync figures instead of the chapter (`sliding`): a user
+    /// in `--sliding-rooms` rooms; Element X's first room-list response,
+    /// the full list, woken responses, RSS while connections wait.
+    #[arg(long)]
+    pub sliding: bool,
+    /// `--sliding`: the rooms the user is in.
+    #[arg(long, default_value_t = 1000)]
+    pub sliding_rooms: usize,
+    /// `--sliding`: how many of them have `--members` members.
+    #[arg(long, default_value_t = 5)]
+    pub sliding_big_rooms: usize,
+    /// `--sliding`: messages the user has not read in each room.
+    #[arg(long, default_value_t = 2)]
+    pub sliding_unread: usize,
+    /// `--sliding`: samples of the first response and of the woken one.
+    #[arg(long, default_value_t = 20)]
+    pub sliding_samples: usize,
+    /// `--sliding`: connections (one per device) waiting at once for the RSS figure.
+    #[arg(long, default_value_t = 100)]
+    pub sliding_connections: usize,
     /// Compare two JSON reports (A,B) instead of running; prints B/A and who is faster.
     #[arg(long, value_delimiter = ',', num_args = 1)]
     pub compare: Vec<PathBuf>,
@@ -1179,7 +1200,9 @@ pub async fn run(config: &Config) -> Res<Report> {
     if let Some(v) = hs.version().await {
         report.notes.push(format!("server: {v}"));
     }
-    if config.sync {
+    if config.sliding {
+        sliding::series(&hs, config, &progress, &mut report).await?;
+    } else if config.sync {
         sync::series(&hs, config, &progress, &mut report).await?;
     } else if config.search.is_some() {
         search::series(&hs, config, &progress, &mut report).await?;
