@@ -28,34 +28,56 @@ pub struct ListedRoom {
     pub room_type: Option<String>,
     /// The room has an `m.room.encryption` state event now.
     pub encrypted: bool,
+    /// The room's name now (`room_summaries`).
+    pub name: Option<String>,
+    /// Its avatar's URL now.
+    pub avatar: Option<String>,
 }
 
-type Row = (String, Option<String>, i64, Option<i64>, Option<String>, Option<String>, i64);
+type Row = (
+    String,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<String>,
+);
 
-/// Every room of `user`'s with any membership range, forgotten ones left
-/// out, in one statement.
-pub async fn rooms_of(db: &Db, user: &str) -> Result<Vec<ListedRoom>> {
-    let rows: Vec<Row> = sqlx::query_as(
+/// Every room of `user`'s with any membership range (only those of `only`
+/// when it names some), forgotten ones left out, in one statement.
+pub async fn rooms_of(db: &Db, user: &str, only: &[&str]) -> Result<Vec<ListedRoom>> {
+    let restrict = if only.is_empty() {
+        String::new()
+    } else {
+        format!(" AND m.room_id IN ({})", super::params(2, only.len()))
+    };
+    let sql = format!(
         "SELECT x.room_id, x.open_kind, x.horizon, e.stream, e.sender, s.room_type, \
            CASE WHEN EXISTS (SELECT 1 FROM room_state rs WHERE rs.room_id = x.room_id \
-             AND rs.event_type = 'm.room.encryption' AND rs.state_key = '' AND rs.event_id <> '') THEN 1 ELSE 0 END \
+             AND rs.event_type = 'm.room.encryption' AND rs.state_key = '' AND rs.event_id <> '') THEN 1 ELSE 0 END, \
+           s.name, s.avatar_url \
          FROM (SELECT m.room_id, \
                  MAX(CASE WHEN m.max_seq IS NULL THEN m.kind ELSE NULL END) AS open_kind, \
                  MAX(CASE WHEN m.max_seq IS NULL AND m.kind = 'join' THEN r.last_seq \
                           ELSE COALESCE(m.max_seq, m.min_seq) END) AS horizon \
                FROM memberships m JOIN rooms r ON r.room_id = m.room_id \
-               WHERE m.user_id = $1 AND NOT EXISTS \
+               WHERE m.user_id = $1{restrict} AND NOT EXISTS \
                  (SELECT 1 FROM forgotten_rooms f WHERE f.user_id = m.user_id AND f.room_id = m.room_id) \
                GROUP BY m.room_id) x \
          LEFT JOIN events e ON e.room_id = x.room_id AND e.seq = x.horizon \
-         LEFT JOIN room_summaries s ON s.room_id = x.room_id",
-    )
-    .bind(user)
-    .fetch_all(&mut db.reader())
-    .await?;
+         LEFT JOIN room_summaries s ON s.room_id = x.room_id"
+    );
+    let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql)).bind(user);
+    for room in only {
+        query = query.bind(*room);
+    }
+    let rows = query.fetch_all(&mut db.reader()).await?;
     Ok(rows
         .into_iter()
-        .map(|(room_id, open, horizon, stream, sender, room_type, encrypted)| ListedRoom {
+        .map(|(room_id, open, horizon, stream, sender, room_type, encrypted, name, avatar)| ListedRoom {
             room_id,
             open,
             horizon,
@@ -63,6 +85,8 @@ pub async fn rooms_of(db: &Db, user: &str) -> Result<Vec<ListedRoom>> {
             sender: sender.unwrap_or_default(),
             room_type,
             encrypted: encrypted != 0,
+            name: name.filter(|n| !n.is_empty()),
+            avatar: avatar.filter(|a| !a.is_empty()),
         })
         .collect())
 }

@@ -159,6 +159,8 @@ mod tests {
                 sender: String::new(),
                 room_type: None,
                 encrypted: false,
+                name: None,
+                avatar: None,
             },
             remote: None,
             listed: true,

@@ -63,9 +63,13 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
     }
     let mut wake = state.notifier.subscribe(user);
     let mut final_pass = false;
+    // The room list the last pass read, and the position it was read at.
+    let mut last: Option<(i64, Vec<sliding::ListedRoom>)> = None;
     loop {
         wake.borrow_and_update();
-        let candidates = sliding::rooms_of(&state.db, user).await?;
+        let listed_at = state.streams.position();
+        let candidates = room_list(state, user, last.take(), listed_at).await?;
+        last = Some((listed_at, candidates.clone()));
         let joined: Vec<String> = candidates
             .iter()
             .filter(|r| r.open.as_deref() == Some("join"))
@@ -86,6 +90,34 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
             final_pass = true;
         }
     }
+}
+
+/// The user's rooms at `at`: read whole, or, when a woken pass has the
+/// list an earlier one read and none of the user's memberships moved since,
+/// that list with only the rooms that moved read again (what a long-poll
+/// in a thousand rooms does on each wake-up).
+async fn room_list(
+    state: &AppState,
+    user: &str,
+    last: Option<(i64, Vec<sliding::ListedRoom>)>,
+    at: i64,
+) -> Result<Vec<sliding::ListedRoom>> {
+    let Some((listed_at, mut rooms)) = last else { return sliding::rooms_of(&state.db, user, &[]).await };
+    let moved = match state.streams.changes_between(user, listed_at, at) {
+        Some(moved) if !moved.my_membership => moved,
+        _ => return sliding::rooms_of(&state.db, user, &[]).await,
+    };
+    let ids: Vec<&str> =
+        moved.rooms.keys().map(String::as_str).filter(|id| rooms.iter().any(|r| r.room_id == *id)).collect();
+    if ids.is_empty() {
+        return Ok(rooms);
+    }
+    for fresh in sliding::rooms_of(&state.db, user, &ids).await? {
+        if let Some(slot) = rooms.iter_mut().find(|r| r.room_id == fresh.room_id) {
+            *slot = fresh;
+        }
+    }
+    Ok(rooms)
 }
 
 /// The spaces a `spaces` filter names that the user is joined to, with the
@@ -193,6 +225,8 @@ async fn build(
                 sender: inviter,
                 room_type: None,
                 encrypted: false,
+                name: None,
+                avatar: None,
             },
             remote: Some((stripped, invite.membership.clone())),
             listed: true,

@@ -190,14 +190,15 @@ pub async fn build(
     } else {
         events::state_changed_between(&state.db, room_id, since_seq, end).await?
     };
-    let (receipts_changed, marks) = receipts::changed_and_read_up_to(
-        &state.db,
-        room_id,
-        since_stream.unwrap_or(0),
-        ctx.now.stream,
-        me.user_id.as_str(),
-    )
-    .await?;
+    // A room never sent takes its receipts apart (those of its timeline):
+    // only the read marks are read here.
+    let (receipts_changed, marks) = match since_stream {
+        Some(since) => {
+            receipts::changed_and_read_up_to(&state.db, room_id, since, ctx.now.stream, me.user_id.as_str())
+                .await?
+        }
+        None => (Vec::new(), receipts::read_up_to(&state.db, room_id, me.user_id.as_str()).await?),
+    };
     let own_receipt = receipts_changed.iter().any(|r| r.user_id == me.user_id.as_str());
     let news =
         initial || timeline_grew || state_grew || !timeline.is_empty() || !changed.is_empty() || own_receipt;
@@ -226,18 +227,30 @@ pub async fn build(
         .map(|p| (p.kind.to_string(), p.state_key.unwrap_or_default()))
         .collect();
     let moved = |kind: &str| initial || changed_kinds.iter().any(|(k, key)| k == kind && key.is_empty());
-    if moved("m.room.name")
-        && let Some(name) = state_content(state, room_id, "m.room.name", end)
-            .await?
-            .and_then(|c| c["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned))
-    {
-        names.insert("name".into(), json!(name));
+    // The name and avatar now come with the room list; a room left is
+    // read at the leave.
+    let at_head = joined;
+    if moved("m.room.name") {
+        let name = if at_head {
+            candidate.room.name.clone()
+        } else {
+            state_content(state, room_id, "m.room.name", end)
+                .await?
+                .and_then(|c| c["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned))
+        };
+        if let Some(name) = name {
+            names.insert("name".into(), json!(name));
+        }
     }
     if moved("m.room.avatar") {
-        match state_content(state, room_id, "m.room.avatar", end)
-            .await?
-            .and_then(|c| c["url"].as_str().map(str::to_owned))
-        {
+        let avatar = if at_head {
+            candidate.room.avatar.clone()
+        } else {
+            state_content(state, room_id, "m.room.avatar", end)
+                .await?
+                .and_then(|c| c["url"].as_str().filter(|u| !u.is_empty()).map(str::to_owned))
+        };
+        match avatar {
             Some(url) => {
                 names.insert("avatar".into(), json!(url));
             }
@@ -254,7 +267,10 @@ pub async fn build(
         out.insert("joined_count".into(), json!(summary.joined));
         out.insert("invited_count".into(), json!(summary.invited));
         if !summary.named {
-            out.insert("heroes".into(), json!(heroes(state, room_id, &summary.first_members, me).await?));
+            out.insert(
+                "heroes".into(),
+                json!(heroes(state, room_id, &summary.first_members, me, end).await?),
+            );
         }
     }
 
@@ -354,25 +370,43 @@ async fn required_state(
 }
 
 /// Up to five other members, for a room without a name: each with the
-/// display name and avatar of their member event.
-async fn heroes(state: &AppState, room_id: &str, first: &[String], me: &Requester) -> Result<Vec<Value>> {
-    let mut out = Vec::new();
-    for user in first.iter().filter(|u| *u != me.user_id.as_str()).take(5) {
-        let mut hero = json!({ "user_id": user });
-        if let Some(stored) = events::state_event(&state.db, room_id, "m.room.member", user).await?
-            && let Ok(pdu) = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json)
-        {
-            let content: Value = pdu.content_as().unwrap_or_default();
+/// display name and avatar of their member event (one read for all).
+async fn heroes(
+    state: &AppState,
+    room_id: &str,
+    first: &[String],
+    me: &Requester,
+    at: i64,
+) -> Result<Vec<Value>> {
+    let users: Vec<&str> =
+        first.iter().map(String::as_str).filter(|u| *u != me.user_id.as_str()).take(5).collect();
+    let events = if users.is_empty() {
+        Vec::new()
+    } else {
+        events::members_at(&state.db, room_id, &users, at).await?
+    };
+    let content_of = |user: &str| -> Value {
+        events
+            .iter()
+            .filter_map(|s| crate::room::pdu::Pdu::from_stored(&s.event_id, &s.json).ok())
+            .find(|p| p.state_key.as_deref() == Some(user))
+            .and_then(|p| p.content_as::<Value>())
+            .unwrap_or_default()
+    };
+    Ok(users
+        .iter()
+        .map(|user| {
+            let content = content_of(user);
+            let mut hero = json!({ "user_id": user });
             if let Some(name) = content["displayname"].as_str() {
                 hero["displayname"] = json!(name);
             }
             if let Some(url) = content["avatar_url"].as_str() {
                 hero["avatar_url"] = json!(url);
             }
-        }
-        out.push(hero);
-    }
-    Ok(out)
+            hero
+        })
+        .collect())
 }
 
 #[cfg(test)]
