@@ -27,6 +27,7 @@ backend_tests!(
     filters_pick_invites_dms_encrypted_and_spaces,
     extensions_bring_receipts_typing_and_account_data,
     others_rooms_and_rooms_left_stay_hidden,
+    a_request_for_too_much_is_answered_in_parts,
 );
 
 const PATH: &str = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync";
@@ -608,4 +609,31 @@ async fn others_rooms_and_rooms_left_stay_hidden(backend: Backend) {
     // Her own leave does not list the room on a new connection.
     let listed = ss_ok(&server, &eve, None, 0, all_rooms(json!([[0, 9]]), 1)).await;
     assert_eq!(listed["lists"]["all"]["count"], 0, "{listed}");
+}
+
+async fn a_request_for_too_much_is_answered_in_parts(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw-alice-1").await;
+    let mut rooms = Vec::new();
+    for i in 0..12 {
+        let room = create_room(&server, &alice, json!({})).await;
+        send(&server, &alice, &room, &format!("in room {i}")).await;
+        rooms.push(room);
+    }
+    rooms.sort();
+    // 12 rooms of up to 1,000 events each: more than one answer is built for.
+    let body = all_rooms(json!([[0, 99]]), 1000);
+    let first = ss_ok(&server, &alice, None, 0, body.clone()).await;
+    assert_eq!(first["lists"]["all"]["count"], 12);
+    let got = room_ids(&first);
+    assert_eq!(got.len(), 10, "{first}");
+    // The rest come at once in the next answer (no waiting for news), each once.
+    let started = Instant::now();
+    let second = ss_ok(&server, &alice, Some(&pos(&first)), 10_000, body.clone()).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "the rest waited for news");
+    let mut all: Vec<String> = got.into_iter().chain(room_ids(&second)).collect();
+    all.sort();
+    assert_eq!(all, rooms, "every room once across the two answers");
+    let third = ss_ok(&server, &alice, Some(&pos(&second)), 0, body).await;
+    assert_eq!(room_ids(&third), Vec::<String>::new(), "{third}");
 }

@@ -33,6 +33,11 @@ use crate::state::AppState;
 use crate::storage::{account_data, events, keys, sliding};
 use crate::sync::Token;
 
+/// The most timeline events one answer is built for (the sum of the
+/// `timeline_limit`s of the rooms it looks into); rooms past it come in the
+/// next answer.
+pub const MAX_TIMELINE_EVENTS: u64 = 10_000;
+
 /// The longest a request waits, whatever the client asks.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -70,9 +75,13 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
         let listed_at = state.streams.position();
         let candidates = room_list(state, user, last.take(), listed_at).await?;
         last = Some((listed_at, candidates.clone()));
+        // A connection without lists or subscriptions (Element X's
+        // encryption one) watches no room: only what wakes the user alone
+        // (to-device messages, device lists, account data) concerns it.
+        let rooms_wanted = !body.lists.is_empty() || !body.room_subscriptions.is_empty();
         let joined: Vec<String> = candidates
             .iter()
-            .filter(|r| r.open.as_deref() == Some("join"))
+            .filter(|r| rooms_wanted && r.open.as_deref() == Some("join"))
             .map(|r| r.room_id.clone())
             .collect();
         let _watch = state.notifier.watch_rooms(user, joined);
@@ -247,12 +256,26 @@ async fn build(
     } else {
         events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect()
     };
-    let ids: Vec<&str> = selection
+    let mut ids: Vec<&str> = selection
         .rooms
         .keys()
         .map(String::as_str)
         .filter(|id| !live.contains(id) || moved.contains(*id))
         .collect();
+    // Bounded work per answer: past a budget of timeline events the other
+    // rooms wait for the next answer (which the client asks for at once:
+    // this one says there is news).
+    let mut budget = 0;
+    let deferred: HashSet<&str> = ids
+        .iter()
+        .filter(|id| {
+            let limit = selection.rooms.get(**id).map_or(0, |c| c.timeline_limit.max(1));
+            budget += limit;
+            budget > MAX_TIMELINE_EVENTS && budget != limit
+        })
+        .copied()
+        .collect();
+    ids.retain(|id| !deferred.contains(id));
     let mut views: HashMap<String, crate::storage::rooms::RoomRow> =
         crate::storage::rooms::get_many(&state.db, &ids)
             .await?
@@ -313,11 +336,11 @@ async fn build(
                 .insert(id.clone(), RoomSent { sent: Sent::Until(until), config: sent.config.clone() });
         }
     }
-    for (id, config) in &selection.rooms {
+    for (id, config) in selection.rooms.iter().filter(|(id, _)| !deferred.contains(id.as_str())) {
         snapshot.rooms.insert(id.clone(), RoomSent { sent: Sent::Live, config: config.clone() });
     }
 
-    let mut news = !rooms.is_empty();
+    let mut news = !rooms.is_empty() || !deferred.is_empty();
     let mut extensions = Map::new();
     if to_device.enabled {
         let limit = usize::try_from(to_device.limit()).unwrap_or(100);
