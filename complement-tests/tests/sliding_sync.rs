@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use complement_tests::api::*;
 use complement_tests::backend_tests;
+use complement_tests::federation::FedServer;
 use complement_tests::harness::{Backend, Server, User};
+use complement_tests::synapse::{Synapse, SynapseOptions};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
@@ -28,6 +30,7 @@ backend_tests!(
     extensions_bring_receipts_typing_and_account_data,
     others_rooms_and_rooms_left_stay_hidden,
     a_request_for_too_much_is_answered_in_parts,
+    rooms_of_another_server_appear_whole,
 );
 
 const PATH: &str = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync";
@@ -636,4 +639,72 @@ async fn a_request_for_too_much_is_answered_in_parts(backend: Backend) {
     assert_eq!(all, rooms, "every room once across the two answers");
     let third = ss_ok(&server, &alice, Some(&pos(&second)), 0, body).await;
     assert_eq!(room_ids(&third), Vec::<String>::new(), "{third}");
+}
+
+/// A room on Synapse (version 12, shared history) joined over federation,
+/// and a Synapse user's invite into another (a room not on our line yet):
+/// both in the list, the joined one with its newest events, the user's join
+/// and a `prev_batch` from which `/messages` backfills the rest.
+async fn rooms_of_another_server_appear_whole(backend: Backend) {
+    let (seq, syn) = tokio::join!(FedServer::start(&backend), Synapse::start_with(SynapseOptions::default()));
+    let alice = seq.server.register("alice", "pw-alice-1").await;
+    let bob = syn.register("bob", "pw-bob-1").await;
+    let create = |name: &str| {
+        json!({ "preset": "public_chat", "room_version": "12", "name": name,
+                "initial_state": [{ "type": "m.room.history_visibility", "content": { "history_visibility": "shared" } }] })
+    };
+    let (status, created) =
+        syn.post(&format!("{V3}/createRoom"), Some(&bob.token), create("Over there")).await;
+    assert_eq!(status, 200, "{created}");
+    let room = created["room_id"].as_str().unwrap().to_owned();
+    for i in 0..8 {
+        let path = room_path(&room, &format!("/send/m.room.message/f{i}"));
+        let (status, sent) = syn.put(&path, Some(&bob.token), text(&format!("far {i}"))).await;
+        assert_eq!(status, 200, "{sent}");
+    }
+    let path = format!("{V3}/join/{}?server_name={}", enc(&room), enc(&syn.name));
+    let (status, joined) = seq.server.post(&path, Some(&alice.token), json!({})).await;
+    assert_eq!(status, 200, "{joined}");
+    let (status, other) = syn.post(&format!("{V3}/createRoom"), Some(&bob.token), create("Invited")).await;
+    assert_eq!(status, 200, "{other}");
+    let invited = other["room_id"].as_str().unwrap().to_owned();
+    let (status, body) = syn
+        .post(&room_path(&invited, "/invite"), Some(&bob.token), json!({ "user_id": alice.user_id }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    let answer = eventually("the remote invite in alice's list", || async {
+        let a = ss_ok(&seq.server, &alice, None, 0, all_rooms(json!([[0, 9]]), 3)).await;
+        (a["lists"]["all"]["count"] == 2).then_some(a)
+    })
+    .await;
+    let r = &answer["rooms"][&room];
+    assert_eq!(r["initial"], true, "{answer}");
+    assert_eq!(r["name"], "Over there");
+    let me = state_of(r, "m.room.member", &alice.user_id).expect("own join");
+    assert_eq!(me["content"]["membership"], "join");
+    let stamp = r["bump_stamp"].as_u64().expect("bump_stamp");
+    assert!(stamp < (1 << 53), "{stamp}");
+    // Her join starts the line here (as in /sync); what came before is
+    // fetched when she pages back.
+    let timeline = r["timeline"].as_array().unwrap();
+    assert_eq!(timeline.last().unwrap()["type"], "m.room.member", "{r}");
+    assert_eq!(timeline.last().unwrap()["state_key"], alice.user_id.as_str());
+    assert_eq!(r["limited"], true);
+    let from = r["prev_batch"].as_str().unwrap();
+    let (status, page) = seq
+        .server
+        .get(&room_path(&room, &format!("/messages?dir=b&limit=3&from={}", enc(from))), Some(&alice.token))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(message_bodies(&page), vec!["far 5", "far 6", "far 7"], "backfilled from Synapse");
+    let i = &answer["rooms"][&invited];
+    let stripped = i["invite_state"].as_array().expect("invite_state of the remote invite");
+    assert!(
+        stripped.iter().any(|e| e["type"] == "m.room.member"
+            && e["state_key"] == alice.user_id.as_str()
+            && e["content"]["membership"] == "invite"),
+        "{i}"
+    );
+    assert_eq!(i["initial"], true);
 }

@@ -182,7 +182,14 @@ pub async fn build(
     let limit = usize::try_from(config.timeline_limit).unwrap_or(usize::MAX);
     let filter = SyncFilter { timeline_limit: limit, ..SyncFilter::default() };
     let lo = if whole_timeline { 0 } else { since_seq };
-    let (timeline, limited) = crate::sync::timeline(state, view, &access, lo, end, &filter).await?;
+    let (timeline, mut limited) = crate::sync::timeline(state, view, &access, lo, end, &filter).await?;
+    // Read down to the bottom of the line, where history continues on
+    // another server (a room joined over federation): there is more, which
+    // `/messages` from `prev_batch` fetches.
+    if !limited && lo == 0 && !timeline.is_empty() {
+        limited =
+            crate::storage::backfill::bottom(&state.db, room_id).await?.is_some_and(|(_, m)| !m.is_empty());
+    }
     // What changed in the state since the client's position (names,
     // avatars and members are resent on a change).
     let changed = if initial || since_seq >= end {
