@@ -104,18 +104,58 @@ pub const BUMP_TYPES: [&str; 8] = [
     "org.matrix.msc3672.beacon_info",
 ];
 
-/// The stream position of the newest event of a bump type at or below
-/// `upto` in `room_id` (0 when none has one: backfilled history has none).
-/// One backwards index walk that stops at the first such event.
-pub async fn bump_stamp(db: &Db, room_id: &str, upto: i64) -> Result<i64> {
-    let sql = format!(
-        "SELECT stream FROM events WHERE room_id = $1 AND seq <= $2 AND stream > 0 AND event_type IN ({}) \
-         ORDER BY seq DESC LIMIT 1",
-        super::params(3, BUMP_TYPES.len())
-    );
-    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql)).bind(room_id).bind(upto);
-    for kind in BUMP_TYPES {
-        query = query.bind(kind);
+/// Where a room stands for an answer built at a stream position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Positions {
+    /// The highest seq at or below the answer's stream position.
+    pub end: i64,
+    /// The highest seq at or below the client's position (0: none).
+    pub since: i64,
+    /// The stream position of the newest event of a bump type at or below
+    /// the answer's position (0: none).
+    pub bump: i64,
+}
+
+/// [`Positions`] of each of `rooms` at stream position `now`, the client
+/// holding them up to `since`: one statement for all (three index walks
+/// per room), instead of three per room.
+pub async fn positions(
+    db: &Db,
+    rooms: &[&str],
+    since: i64,
+    now: i64,
+) -> Result<std::collections::HashMap<String, Positions>> {
+    let mut out = std::collections::HashMap::new();
+    let kinds = super::params(3, BUMP_TYPES.len());
+    for chunk in rooms.chunks(super::outliers::IDS_PER_QUERY) {
+        let sql = format!(
+            "SELECT r.room_id, \
+               (SELECT seq FROM events WHERE room_id = r.room_id AND stream <= $1 AND stream > 0 \
+                ORDER BY stream DESC LIMIT 1), \
+               (SELECT seq FROM events WHERE room_id = r.room_id AND stream <= $2 AND stream > 0 \
+                ORDER BY stream DESC LIMIT 1), \
+               (SELECT stream FROM events WHERE room_id = r.room_id AND stream <= $1 AND stream > 0 \
+                AND event_type IN ({kinds}) ORDER BY seq DESC LIMIT 1) \
+             FROM rooms r WHERE r.room_id IN ({})",
+            super::params(3 + BUMP_TYPES.len(), chunk.len())
+        );
+        let mut query =
+            sqlx::query_as::<_, (String, Option<i64>, Option<i64>, Option<i64>)>(sqlx::AssertSqlSafe(sql))
+                .bind(now)
+                .bind(since);
+        for kind in BUMP_TYPES {
+            query = query.bind(kind);
+        }
+        for room in chunk {
+            query = query.bind(*room);
+        }
+        for (room, end, since, bump) in query.fetch_all(&mut db.reader()).await? {
+            let end = end.unwrap_or(0);
+            out.insert(
+                room,
+                Positions { end, since: since.unwrap_or(0).min(end), bump: bump.unwrap_or(0).max(0) },
+            );
+        }
     }
-    Ok(query.fetch_optional(&mut db.reader()).await?.unwrap_or(0).max(0))
+    Ok(out)
 }

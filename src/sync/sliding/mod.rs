@@ -70,6 +70,8 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
     let mut final_pass = false;
     // The room list the last pass read, and the position it was read at.
     let mut last: Option<(i64, Vec<sliding::ListedRoom>)> = None;
+    // The position the last pass was built at (it found nothing new).
+    let mut last_pass: Option<i64> = None;
     loop {
         wake.borrow_and_update();
         let listed_at = state.streams.position();
@@ -86,7 +88,15 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
             .collect();
         let _watch = state.notifier.watch_rooms(user, joined);
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
-        let (mut answer, news, snapshot) = build(state, me, body, held.as_deref(), candidates, now).await?;
+        // The pass's reads run back to back on one held connection.
+        // Woken: the rooms with events or receipts since the last pass,
+        // from the stream log (when it still reaches back that far).
+        let moved_since = last_pass
+            .and_then(|at| state.streams.changes_between(user, at, now.stream))
+            .map(|m| m.rooms.into_keys().collect());
+        let (mut answer, news, snapshot) =
+            state.db.pinned(build(state, me, body, held.as_deref(), candidates, now, moved_since)).await??;
+        last_pass = Some(now.stream);
         if news || held.is_none() || final_pass || Instant::now() >= deadline {
             answer["pos"] = json!(state.sliding.store(user, device, &body.conn_id, snapshot));
             if let Some(txn_id) = &body.txn_id {
@@ -170,6 +180,7 @@ async fn build(
     held: Option<&Snapshot>,
     listed: Vec<sliding::ListedRoom>,
     now: Token,
+    moved_since: Option<HashSet<String>>,
 ) -> Result<(Value, bool, Snapshot)> {
     let user = me.user_id.as_str();
     let since = held.map_or(0, |h| h.stream);
@@ -251,10 +262,12 @@ async fn build(
     };
     let live: Vec<&str> =
         selection.rooms.iter().filter(|(id, c)| unchanged_config(id, c)).map(|(id, _)| id.as_str()).collect();
-    let moved: HashSet<String> = if live.is_empty() {
-        HashSet::new()
-    } else {
-        events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect()
+    let moved: HashSet<String> = match moved_since {
+        // A woken pass: the earlier one found nothing new, so only the
+        // rooms the stream log says moved since can have something.
+        Some(rooms) => rooms,
+        None if live.is_empty() => HashSet::new(),
+        None => events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect(),
     };
     let mut ids: Vec<&str> = selection
         .rooms
@@ -283,6 +296,8 @@ async fn build(
             .map(|r| (r.room_id.clone(), r))
             .collect();
 
+    let on_line: Vec<&str> = ids.iter().copied().filter(|id| views.contains_key(*id)).collect();
+    let positions = sliding::positions(&state.db, &on_line, since, now.stream).await?;
     let ctx = room::Ctx { state, me, now, rules: &rules };
     let by_id: HashMap<&str, &Candidate> = candidates.iter().map(|c| (c.room.room_id.as_str(), c)).collect();
     let mut rooms = Map::new();
@@ -311,8 +326,9 @@ async fn build(
         let Some(row) = views.remove(*id) else { continue };
         let view = crate::room::read::view_of(row)?;
         let held_room = room::Held { sent, stream: since };
+        let at = positions.get(*id).copied().unwrap_or_default();
         let built =
-            room::build(&ctx, &view, candidate, config, held_room, facts.direct.contains(*id)).await?;
+            room::build(&ctx, &view, candidate, config, held_room, at, facts.direct.contains(*id)).await?;
         if built.whole {
             whole.insert((*id).to_owned(), built.timeline);
         }

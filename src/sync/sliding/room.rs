@@ -109,13 +109,15 @@ impl Wanted<'_> {
     }
 }
 
-/// Builds `candidate`'s entry for a client holding `held`, with `config`.
+/// Builds `candidate`'s entry for a client holding `held`, with `config`;
+/// `at`: where the room stands (read for all the answer's rooms at once).
 pub async fn build(
     ctx: &Ctx<'_>,
     view: &RoomView,
     candidate: &Candidate,
     config: &RoomConfig,
     held: Held<'_>,
+    at: sliding::Positions,
     is_dm: bool,
 ) -> Result<Built> {
     let state = ctx.state;
@@ -154,15 +156,16 @@ pub async fn build(
 
     let joined = access.joined();
     let end = if joined {
-        events::seq_at_stream(&state.db, room_id, ctx.now.stream).await?
+        at.end
     } else {
         // Left, kicked or banned: the room as it was at the end of the
         // last stay.
         access.stays.iter().filter_map(|r| r.max_seq).max().unwrap_or(candidate.room.horizon)
     };
-    let since_seq = match since_stream {
-        Some(s) => events::seq_at_stream(&state.db, room_id, s).await?.min(end),
-        None => 0,
+    let since_seq = match (since_stream, held.sent.map(|s| &s.sent)) {
+        (Some(_), Some(Sent::Live)) => at.since.min(end),
+        (Some(s), _) => events::seq_at_stream(&state.db, room_id, s).await?.min(end),
+        (None, _) => 0,
     };
     // Never sent, or joined since the client's position (it held at most
     // an invite's stripped state): the room goes whole, as `initial`.
@@ -295,8 +298,7 @@ pub async fn build(
     }
     out.insert("prev_batch".into(), json!(history::token(start - 1)));
     out.insert("required_state".into(), json!(required));
-    let bump =
-        if joined { sliding::bump_stamp(&state.db, room_id, end).await? } else { candidate.room.stream };
+    let bump = if joined { at.bump } else { candidate.room.stream };
     out.insert("bump_stamp".into(), json!(bump));
     if joined {
         let marks = crate::notify::ReadMarks::from_rows(marks);
