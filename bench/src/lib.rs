@@ -554,7 +554,7 @@ impl Hs {
 
     /// Creates the chapter's room: public, `history_visibility: joined`.
     pub async fn create_room(&self, creator: &User, room_version: Option<&str>) -> Res<String> {
-        let mut body = json!({
+        let body = json!({
             "preset": "public_chat",
             "visibility": "public",
             "name": "seqline-bench",
@@ -564,6 +564,17 @@ impl Hs {
                 "content": { "history_visibility": "joined" },
             }],
         });
+        self.create_room_with(creator, body, room_version).await
+    }
+
+    /// Creates a room from the `createRoom` body `body`, of `room_version`
+    /// when given; returns its id.
+    pub async fn create_room_with(
+        &self,
+        creator: &User,
+        mut body: Value,
+        room_version: Option<&str>,
+    ) -> Res<String> {
         if let Some(v) = room_version {
             body["room_version"] = json!(v);
         }
