@@ -57,6 +57,10 @@ pub struct LatencyResult {
     pub message_ms: Vec<f64>,
     /// A typing notice, request until in the receiver's /sync, ms per sample.
     pub typing_ms: Vec<f64>,
+    /// Of `message_ms`, the sender's answer to the request (its 200), ms per sample.
+    pub message_request_ms: Vec<f64>,
+    /// Of `typing_ms`, the sender's answer to the request, ms per sample.
+    pub typing_request_ms: Vec<f64>,
     /// Why the pair stopped, if it did.
     pub error: Option<String>,
 }
@@ -67,12 +71,12 @@ fn stats(samples: &[f64]) -> (f64, f64, f64) {
     (percentile(samples, 50.0), percentile(samples, 95.0), max)
 }
 
-fn kind_json(samples: &[f64]) -> Value {
+fn kind_json(samples: &[f64], request: &[f64]) -> Value {
     let (p50, p95, max) = stats(samples);
     let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
     json!({
         "samples": samples.len(), "p50_ms": finite(p50), "p95_ms": finite(p95), "max_ms": finite(max),
-        "all_ms": samples,
+        "request_p50_ms": finite(percentile(request, 50.0)), "all_ms": samples, "request_ms": request,
     })
 }
 
@@ -85,7 +89,8 @@ impl LatencyResult {
     pub fn to_json(&self) -> Value {
         json!({
             "sender": self.sender, "receiver": self.receiver,
-            "message": kind_json(&self.message_ms), "typing": kind_json(&self.typing_ms),
+            "message": kind_json(&self.message_ms, &self.message_request_ms),
+            "typing": kind_json(&self.typing_ms, &self.typing_request_ms),
             "error": self.error,
         })
     }
@@ -224,20 +229,22 @@ async fn measure(
     for i in 0..=config.samples {
         let body = format!("{run} sample {i}");
         let txn = format!("{run}-{i}");
-        let message;
-        (message, since) = s.sample(&since, Want::Message(body.clone()), s.send(&txn, &body)).await?;
-        let typing;
+        let (message, message_request, typing, typing_request);
+        (message, message_request, since) =
+            s.sample(&since, Want::Message(body.clone()), s.send(&txn, &body)).await?;
         let want = Want::Typing(s.alice.user_id.clone(), true);
-        (typing, since) = s.sample(&since, want, s.typing(true)).await?;
+        (typing, typing_request, since) = s.sample(&since, want, s.typing(true)).await?;
         // Stopped, and seen stopped, so that the next start is a change.
         let want = Want::Typing(s.alice.user_id.clone(), false);
-        (_, since) = s.sample(&since, want, s.typing(false)).await?;
+        (_, _, since) = s.sample(&since, want, s.typing(false)).await?;
         if i == 0 {
             progress.say(&format!("  warm-up: message {message:.1} ms, typing {typing:.1} ms (not counted)"));
             continue;
         }
         result.message_ms.push(message);
         result.typing_ms.push(typing);
+        result.message_request_ms.push(message_request);
+        result.typing_request_ms.push(typing_request);
         if i % 10 == 0 || i == config.samples {
             let (m, t) = (stats(&result.message_ms), stats(&result.typing_ms));
             progress.say(&format!(
@@ -268,13 +275,14 @@ impl Setup<'_> {
     /// One sample: the receiver's long-poll from `since` in flight, then
     /// `request` (lazy: it starts when awaited); answers ms from just
     /// before the request until the /sync response with `want` was
-    /// received, and the receiver's next token.
+    /// received, ms until the request was answered, and the receiver's
+    /// next token.
     async fn sample(
         &self,
         since: &str,
         want: Want,
         request: impl Future<Output = Res<()>>,
-    ) -> Res<(f64, String)> {
+    ) -> Res<(f64, f64, String)> {
         // The ready check: the receiver answers a sync from our token at once.
         let (v, _) = self.rx.hs.sync(&self.bob, Some(FILTER), Some(since), Some(0)).await?;
         let since = v["next_batch"].as_str().unwrap_or(since).to_owned();
@@ -293,8 +301,9 @@ impl Setup<'_> {
             poll.abort();
             return Err(e);
         }
+        let answered = ms(t0.elapsed());
         let (at, next) = poll.await.map_err(|e| BenchError(format!("long-poll task: {e}")))??;
-        Ok((ms(at.saturating_duration_since(t0)), next))
+        Ok((ms(at.saturating_duration_since(t0)), answered, next))
     }
 }
 
@@ -339,20 +348,25 @@ pub fn table(config: &FedConfig, results: &[LatencyResult]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<22} {:<8} {:>7} {:>9} {:>9} {:>9}",
-        "sender -> receiver", "kind", "samples", "p50", "p95", "max"
+        "{:<22} {:<8} {:>7} {:>9} {:>9} {:>9} {:>12}",
+        "sender -> receiver", "kind", "samples", "p50", "p95", "max", "request p50"
     );
     for r in results {
-        for (kind, samples) in [("message", &r.message_ms), ("typing", &r.typing_ms)] {
+        for (kind, samples, request) in [
+            ("message", &r.message_ms, &r.message_request_ms),
+            ("typing", &r.typing_ms, &r.typing_request_ms),
+        ] {
             let (p50, p95, max) = stats(samples);
             let _ = writeln!(
                 out,
-                "{:<22} {kind:<8} {:>7} {p50:>9.1} {p95:>9.1} {max:>9.1}",
+                "{:<22} {kind:<8} {:>7} {p50:>9.1} {p95:>9.1} {max:>9.1} {:>12.1}",
                 r.label(),
-                samples.len()
+                samples.len(),
+                percentile(request, 50.0)
             );
         }
     }
+    let _ = writeln!(out, "   request p50: the sender's answer to the request, part of the time above");
     let find =
         |k: &str| results.iter().find(|r| r.sender == k && r.receiver == k && !r.message_ms.is_empty());
     if let (Some(s), Some(y)) = (find(Kind::Seqline.as_str()), find(Kind::Synapse.as_str())) {
