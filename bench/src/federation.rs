@@ -32,6 +32,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
+pub mod fanout;
+pub mod latency;
 pub mod pdus;
 
 use crate::{
@@ -99,16 +101,44 @@ pub struct FedConfig {
     /// What to measure: `join` (the pairs above), `inbound` (a fake
     /// server's PDUs into a room of `--members` on each of `--servers`),
     /// `backfill` (a user of each of `--servers` pages back through
-    /// `--history` events of a room the fake hosts); several with commas.
+    /// `--history` events of a room the fake hosts), `latency` (a message
+    /// and a typing notice from one server into a `/sync` long-poll on the
+    /// other, for `--latency-pairs`), `fanout` (what each of `--fakes` fake
+    /// servers receives while the local users of each of `--servers` are
+    /// active in a room they share); several with commas.
     #[arg(long, value_delimiter = ',', default_value = "join")]
     pub mode: Vec<String>,
-    /// inbound, backfill: the receiving servers (`seqline`, `synapse`), in
-    /// the first round's order; each round reverses the order of the last.
+    /// inbound, backfill, fanout: the servers under test (`seqline`,
+    /// `synapse`), in the first round's order; each round reverses the
+    /// order of the last.
     #[arg(long, value_delimiter = ',', default_value = "seqline,synapse")]
     pub servers: Vec<String>,
-    /// inbound, backfill: rounds, each on fresh servers.
+    /// inbound, backfill, fanout: rounds, each on fresh servers.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// latency: the pairs to run, each `sender:receiver` (`seqline` or `synapse`), in this order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "seqline:seqline,seqline:synapse,synapse:seqline,synapse:synapse"
+    )]
+    pub latency_pairs: Vec<String>,
+    /// latency: samples per pair of each kind (message, typing notice),
+    /// after one warm-up sample of each that is not counted.
+    #[arg(long, default_value_t = 50)]
+    pub samples: usize,
+    /// fanout: fake federation servers in the room, beside the server under test.
+    #[arg(long, default_value_t = 19)]
+    pub fakes: usize,
+    /// fanout: members of the room on each server (the server under test and each fake).
+    #[arg(long, default_value_t = 25)]
+    pub users_per_server: usize,
+    /// fanout: seconds of activity by the local users during which the fakes count what they receive.
+    #[arg(long, default_value_t = 60)]
+    pub window_secs: u64,
+    /// Presence on the servers started (`fanout` turns it on; the other modes leave it off).
+    #[arg(skip)]
+    pub presence: bool,
     /// inbound: PDUs the fake sends per shape.
     #[arg(long, default_value_t = 5000)]
     pub pdus: usize,
@@ -145,6 +175,11 @@ impl FedConfig {
     /// Every flag at its default.
     pub fn defaults() -> Self {
         Self::parse_from(["seqline-fed-bench"])
+    }
+
+    /// The servers' database, as the tables name it.
+    fn backend(&self) -> &'static str {
+        if self.postgres.is_some() { "PostgreSQL" } else { "SQLite" }
     }
 }
 
@@ -314,13 +349,7 @@ pub async fn run(config: &FedConfig) -> Res<Vec<PairResult>> {
     if config.members < 2 || config.repeats == 0 {
         return err("need --members >= 2 and --repeats >= 1");
     }
-    let progress = Progress { on: config.progress, start: Instant::now() };
-    let out = match &config.out {
-        Some(o) => o.clone(),
-        None => home().join(".cache/seqline/bench-results").join(format!("fed-{}", unix_secs())),
-    };
-    std::fs::create_dir_all(&out).map_err(|e| BenchError(format!("{}: {e}", out.display())))?;
-    progress.say(&format!("servers' directories and logs in {}", out.display()));
+    let (progress, out) = start_run(config)?;
     let bins = Binaries::find(config, &pairs).await?;
     let mut results = Vec::new();
     for (i, &(resident, joiner)) in pairs.iter().enumerate() {
@@ -337,13 +366,64 @@ pub async fn run(config: &FedConfig) -> Res<Vec<PairResult>> {
             joiner.as_str().to_lowercase()
         ));
         progress.say(&format!("pair {}: {}", i + 1, result.label()));
-        if let Err(e) = run_pair(config, &bins, &progress, &dir, resident, joiner, i, &mut result).await {
-            progress.say(&format!("  failed: {e}"));
-            result.error = Some(e.0);
-        }
+        let outcome = run_pair(config, &bins, &progress, &dir, resident, joiner, i, &mut result).await;
+        result.error = failure(&progress, outcome);
         results.push(result);
     }
     Ok(results)
+}
+
+/// A step's error, said as progress: `None` when it went well.
+fn failure(progress: &Progress, outcome: Res<()>) -> Option<String> {
+    let e = outcome.err()?;
+    progress.say(&format!("  failed: {e}"));
+    Some(e.0)
+}
+
+/// Runs `body` on a fresh server of `kind` (in `dir`, database `db`) and
+/// stops it afterwards; an error carries the tail of the server's log.
+async fn with_server<T>(
+    config: &FedConfig,
+    bins: &Binaries,
+    (kind, dir, db): (Kind, &Path, &str),
+    body: impl AsyncFnOnce(&Server) -> Res<T>,
+) -> Res<T> {
+    let mut server = Server::start(config, bins, kind, dir, db).await?;
+    let outcome = body(&server).await.map_err(|e| BenchError(format!("{e}{}", server.log_tail("server"))));
+    server.stop(config).await;
+    outcome
+}
+
+/// The progress printer and the output directory (`--out`, made if missing) of a run.
+fn start_run(config: &FedConfig) -> Res<(Progress, PathBuf)> {
+    let progress = Progress { on: config.progress, start: Instant::now() };
+    let out = match &config.out {
+        Some(o) => o.clone(),
+        None => home().join(".cache/seqline/bench-results").join(format!("fed-{}", unix_secs())),
+    };
+    std::fs::create_dir_all(&out).map_err(|e| BenchError(format!("{}: {e}", out.display())))?;
+    progress.say(&format!("servers' directories and logs in {}", out.display()));
+    Ok((progress, out))
+}
+
+/// Starts two fresh servers at once, each `(kind, its directory, its
+/// database's name)`; if either fails the other is stopped again.
+async fn start_two(
+    config: &FedConfig,
+    bins: &Binaries,
+    a: (Kind, &Path, &str),
+    b: (Kind, &Path, &str),
+) -> Res<(Server, Server)> {
+    let (x, y) =
+        tokio::join!(Server::start(config, bins, a.0, a.1, a.2), Server::start(config, bins, b.0, b.1, b.2));
+    match (x, y) {
+        (Ok(x), Ok(y)) => Ok((x, y)),
+        (Err(e), Ok(mut other)) | (Ok(mut other), Err(e)) => {
+            other.stop(config).await;
+            Err(e)
+        }
+        (Err(e), Err(_)) => Err(e),
+    }
 }
 
 struct Binaries {
@@ -422,14 +502,8 @@ async fn run_pair(
     let db = |role: &str| format!("fedbench_{}_{role}_{}", index + 1, std::process::id());
     let (res_dir, join_dir) = (dir.join("resident"), dir.join("joiner"));
     let (res_db, join_db) = (db("resident"), db("joiner"));
-    let (res, join) = tokio::join!(
-        Server::start(config, bins, resident, &res_dir, &res_db),
-        Server::start(config, bins, joiner, &join_dir, &join_db),
-    );
-    let (mut res, mut join) = match (res, join) {
-        (Ok(r), Ok(j)) => (r, j),
-        (Err(e), _) | (_, Err(e)) => return Err(e),
-    };
+    let (mut res, mut join) =
+        start_two(config, bins, (resident, &res_dir, &res_db), (joiner, &join_dir, &join_db)).await?;
     result.phases.push(("start both".to_owned(), t.elapsed().as_secs_f64()));
     progress.say(&format!(
         "  resident {} ({}), joiner {} ({})",
@@ -472,7 +546,7 @@ async fn populate(
     let members = users.split_off(1);
     let Some(creator) = users.pop() else { return err("no creator") };
 
-    let mut body = json!({
+    let body = json!({
         "preset": "public_chat",
         "name": "seqline-fed-bench",
         "initial_state": [{
@@ -481,15 +555,7 @@ async fn populate(
             "content": { "history_visibility": "shared" },
         }],
     });
-    if let Some(v) = &config.room_version {
-        body["room_version"] = json!(v);
-    }
-    let (v, _) = hs
-        .ok("createRoom", Method::POST, &format!("{V3}/createRoom"), Some(&creator.token), Some(&body))
-        .await?;
-    let Some(id) = v["room_id"].as_str().map(str::to_owned) else {
-        return err(format!("createRoom: no room_id in {v}"));
-    };
+    let id = create_room(config, hs, &creator, body).await?;
     let (initial, _) = count_events(hs, &creator, &id).await?;
     progress.say(&format!("  room {id} ({initial} events); {} members join", members.len()));
     let t = Instant::now();
@@ -516,6 +582,11 @@ async fn populate(
     result.phases.push(("count".to_owned(), t.elapsed().as_secs_f64()));
     progress.say(&format!("  built: {} members, {events} events ({state} state)", result.members));
     Ok(Room { id, creator })
+}
+
+/// `creator` creates a room with `body` (and `--room-version`, if given); answers its id.
+async fn create_room(config: &FedConfig, hs: &Hs, creator: &User, body: Value) -> Res<String> {
+    hs.create_room_with(creator, body, config.room_version.as_deref()).await
 }
 
 /// Every event of the room the creator can page back to: (all, state).
@@ -884,7 +955,7 @@ impl Server {
                     .env("SEQLINE_DATA_DIR", &data)
                     .env("SEQLINE_REGISTRATION", "open")
                     .env("SEQLINE_RATE_LIMITS", "off")
-                    .env("SEQLINE_PRESENCE", "off")
+                    .env("SEQLINE_PRESENCE", if config.presence { "on" } else { "off" })
                     .env("SEQLINE_LOG", if info { "info,sqlx=warn" } else { "warn" });
                 if let (Some(url), Some(db)) = (&config.postgres, &db) {
                     cmd.env("SEQLINE_DATABASE_URL", format!("{}/{db}", url.trim_end_matches('/')));
@@ -1058,7 +1129,7 @@ fn write_synapse_config(
         "enable_registration": true,
         "enable_registration_without_verification": true,
         "bcrypt_rounds": 4,
-        "presence": { "enabled": false },
+        "presence": { "enabled": config.presence },
         "allow_public_rooms_over_federation": true,
         "rc_federation": {
             "window_size": 1000, "sleep_limit": 1_000_000, "sleep_delay": 0,

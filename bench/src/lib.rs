@@ -470,9 +470,10 @@ impl Hs {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.map_err(|e| BenchError(format!("{path}: {e}")))?;
+        let resp = req.send().await.map_err(|e| BenchError(format!("{path}: {}", with_causes(&e))))?;
         let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(|e| BenchError(format!("{path}: body: {e}")))?;
+        let bytes =
+            resp.bytes().await.map_err(|e| BenchError(format!("{path}: body: {}", with_causes(&e))))?;
         Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null), bytes.len()))
     }
 
@@ -488,11 +489,16 @@ impl Hs {
     ) -> Res<(Value, usize)> {
         let mut last = String::new();
         for attempt in 1..=ATTEMPTS {
+            let t = Instant::now();
             match self.raw(method.clone(), path, token, body).await {
                 Ok((s, v, n)) if (200..300).contains(&s) => return Ok((v, n)),
                 Ok((s, v, _)) if s == 429 || s >= 500 => {
                     self.count_error(label);
-                    last = format!("{s} {v}");
+                    let _ = write!(
+                        last,
+                        "[attempt {attempt} after {:.1} s: {s} {v}] ",
+                        t.elapsed().as_secs_f64()
+                    );
                     let wait = v["retry_after_ms"].as_u64().unwrap_or(200).min(5000);
                     tokio::time::sleep(Duration::from_millis(wait * u64::from(attempt))).await;
                 }
@@ -502,12 +508,17 @@ impl Hs {
                 }
                 Err(e) => {
                     self.count_error(label);
-                    last = e.0;
+                    let _ = write!(
+                        last,
+                        "[attempt {attempt} after {:.1} s: {}] ",
+                        t.elapsed().as_secs_f64(),
+                        e.0
+                    );
                     tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
                 }
             }
         }
-        err(format!("{label}: {method} {path}: failed {ATTEMPTS} times, last: {last}"))
+        err(format!("{label}: {method} {path}: failed {ATTEMPTS} times: {last}"))
     }
 
     /// Registers `localpart` (open registration with the dummy flow, or
@@ -575,7 +586,7 @@ impl Hs {
 
     /// Creates the chapter's room: public, `history_visibility: joined`.
     pub async fn create_room(&self, creator: &User, room_version: Option<&str>) -> Res<String> {
-        let mut body = json!({
+        let body = json!({
             "preset": "public_chat",
             "visibility": "public",
             "name": "seqline-bench",
@@ -585,6 +596,17 @@ impl Hs {
                 "content": { "history_visibility": "joined" },
             }],
         });
+        self.create_room_with(creator, body, room_version).await
+    }
+
+    /// Creates a room from the `createRoom` body `body`, of `room_version`
+    /// when given; returns its id.
+    pub async fn create_room_with(
+        &self,
+        creator: &User,
+        mut body: Value,
+        room_version: Option<&str>,
+    ) -> Res<String> {
         if let Some(v) = room_version {
             body["room_version"] = json!(v);
         }
@@ -704,6 +726,17 @@ impl Hs {
         }
         Some(format!("{} {}", v["server"]["name"].as_str()?, v["server"]["version"].as_str()?))
     }
+}
+
+/// An error and its causes, `: `-separated (reqwest's own text names only the URL).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let _ = write!(text, ": {c}");
+        cause = c.source();
+    }
+    text
 }
 
 fn user_from(v: &Value) -> Res<User> {

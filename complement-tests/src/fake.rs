@@ -55,6 +55,8 @@ pub struct Received {
     pub origin: Option<String>,
     /// The JSON body (`Null` when none or not JSON).
     pub body: Value,
+    /// The body's size in bytes, as received.
+    pub bytes: usize,
 }
 
 /// A scripted answer computed from the request: `None` lets an older
@@ -158,8 +160,9 @@ async fn serve(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respon
     let origin =
         request.headers().get("authorization").and_then(|h| h.to_str().ok()).and_then(x_matrix_origin);
     let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let bytes = body.len();
     let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let received = Received { method, path, query, origin, body };
+    let received = Received { method, path, query, origin, body, bytes };
     let (status, answer) = shared.answer(&received);
     lock(&shared.requests).push(received);
     let mut response = Response::new(Full::new(Bytes::from(answer.to_string())));

@@ -78,6 +78,21 @@ async fn bench_runs_a_tiny_growth_series(backend: Backend) {
     assert!(report.errors.is_empty(), "failed requests: {:?}", report.errors);
 }
 
+/// `seqline-fed-bench`'s settings for a smoke test of `modes` on seqline
+/// only (the debug binary), its output in a temporary directory named
+/// after `name` (the caller removes it).
+fn tiny_fed(modes: &[&str], name: &str) -> (seqline_bench::federation::FedConfig, std::path::PathBuf) {
+    let out = std::env::temp_dir().join(format!("seqline-fed-bench-{name}-smoke-{}", std::process::id()));
+    let mut config = seqline_bench::federation::FedConfig::defaults();
+    config.mode = modes.iter().map(|m| (*m).to_owned()).collect();
+    config.servers = vec!["seqline".to_owned()];
+    config.rounds = 1;
+    config.progress = false;
+    config.out = Some(out.clone());
+    config.seqline_bin = Some(complement_tests::harness::binary());
+    (config, out)
+}
+
 /// The federation join benchmark (`seqline-fed-bench`) on a tiny room, for
 /// the pair it can run today: a debug seqline as the resident, a real
 /// Synapse joining (SQLite only: the benchmark makes its own databases).
@@ -116,11 +131,7 @@ async fn fed_bench_times_a_synapse_user_joining_a_tiny_seqline_room() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fed_bench_pdu_modes_run_on_a_tiny_size() {
     use seqline_bench::federation::pdus;
-    let out = std::env::temp_dir().join(format!("seqline-fed-bench-pdus-smoke-{}", std::process::id()));
-    let mut config = seqline_bench::federation::FedConfig::defaults();
-    config.mode = vec!["inbound".to_owned(), "backfill".to_owned()];
-    config.servers = vec!["seqline".to_owned()];
-    config.rounds = 1;
+    let (mut config, out) = tiny_fed(&["inbound", "backfill"], "pdus");
     config.members = 4;
     config.pdus = 60;
     config.txn_size = 20;
@@ -128,9 +139,6 @@ async fn fed_bench_pdu_modes_run_on_a_tiny_size() {
     config.merge_every = 5;
     config.history = 120;
     config.page_size = 30;
-    config.progress = false;
-    config.out = Some(out.clone());
-    config.seqline_bin = Some(complement_tests::harness::binary());
     let results = pdus::run(&config).await.expect("fed bench, PDU modes");
     let table = pdus::table(&config, &results);
     let _ = std::fs::remove_dir_all(&out);
@@ -146,4 +154,69 @@ async fn fed_bench_pdu_modes_run_on_a_tiny_size() {
     assert_eq!((backfill.history, backfill.events), (120, 121), "{table}");
     assert!(backfill.total_ms > 0.0 && backfill.backfills > 0, "{table}");
     assert!(table.contains("seqline    linear"), "{table}");
+}
+
+/// The latency mode of `seqline-fed-bench` on a tiny size: two debug
+/// seqlines, a few messages and typing notices from one into the other's
+/// waiting `/sync`. It must finish with every sample, positive and finite,
+/// in its results and its JSON (SQLite only: the benchmark makes its own
+/// databases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fed_bench_latency_runs_on_a_tiny_size() {
+    use seqline_bench::federation::latency;
+    let (mut config, out) = tiny_fed(&["latency"], "latency");
+    config.latency_pairs = vec!["seqline:seqline".to_owned()];
+    config.samples = 3;
+    let results = latency::run(&config).await.expect("fed bench, latency");
+    let table = latency::table(&config, &results);
+    let json = latency::to_json(&config, &results);
+    let _ = std::fs::remove_dir_all(&out);
+    let [pair] = results.as_slice() else { panic!("one pair expected:\n{table}") };
+    assert_eq!(pair.error, None, "{table}");
+    for samples in [&pair.message_ms, &pair.typing_ms] {
+        assert_eq!(samples.len(), 3, "{table}");
+        assert!(samples.iter().all(|&ms| ms.is_finite() && ms > 0.0), "{table}");
+    }
+    for kind in ["message", "typing"] {
+        let figures = &json["pairs"][0][kind];
+        assert_eq!(figures["samples"], 3, "{json}");
+        for key in ["p50_ms", "p95_ms", "max_ms"] {
+            assert!(figures[key].as_f64().is_some_and(|ms| ms > 0.0), "{kind} {key} in {json}");
+        }
+    }
+    assert!(table.contains("seqline -> seqline     message"), "{table}");
+}
+
+/// The fan-out mode of `seqline-fed-bench` on a tiny size: a debug seqline
+/// hosting a room of 3 local users and 3 users of each of 2 fake servers,
+/// 3 s of activity. Each fake must have received transactions with the
+/// messages and typing notices, each at most once (no per-member copies),
+/// and the JSON must carry the counts (SQLite only: the benchmark makes its
+/// own databases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fed_bench_fanout_runs_on_a_tiny_size() {
+    use seqline_bench::federation::fanout;
+    let (mut config, out) = tiny_fed(&["fanout"], "fanout");
+    config.fakes = 2;
+    config.users_per_server = 3;
+    config.window_secs = 3;
+    let results = fanout::run(&config).await.expect("fed bench, fanout");
+    let table = fanout::table(&config, &results);
+    let json = fanout::to_json(&config, &results);
+    let _ = std::fs::remove_dir_all(&out);
+    let [round] = results.as_slice() else { panic!("one round expected:\n{table}") };
+    assert_eq!(round.error, None, "{table}");
+    assert_eq!((round.members, round.destinations.len(), round.per_destination.len()), (9, 2, 2), "{table}");
+    let a = round.activity;
+    assert!(a.messages > 0 && a.typing > 0 && a.receipts > 0 && a.presence > 0, "{a:?}\n{table}");
+    for c in &round.per_destination {
+        assert!(c.txns > 0 && c.bytes > 0, "{table}");
+        assert!((1..=a.messages).contains(&c.pdus), "{table}");
+        let typing = c.edus.get("m.typing").map_or(0, |e| e.edus);
+        assert!((1..=a.typing).contains(&typing), "{table}");
+    }
+    let total = &json["results"][0]["total"];
+    assert!(total["txns"].as_u64().is_some_and(|n| n > 0), "{json}");
+    assert!(total["edus"]["m.typing"]["edus"].as_u64().is_some_and(|n| n > 0), "{json}");
+    assert!(table.contains("seqline      1     2"), "{table}");
 }

@@ -32,7 +32,7 @@ use complement_tests::federation::{https_client, now_ms, x_matrix};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::{Binaries, FedConfig, Kind, SYNC_FILTER, Server, home, median, unix_secs};
+use super::{Binaries, FedConfig, Kind, SYNC_FILTER, Server, median, unix_secs};
 use crate::{BenchError, Config, Progress, Report, Res, User, V3, enc, err, join_all, ms, register_all};
 
 /// One receiver, one round, one shape of `inbound`.
@@ -161,7 +161,7 @@ impl PduResults {
     }
 }
 
-fn kinds(config: &FedConfig) -> Res<Vec<Kind>> {
+pub(super) fn kinds(config: &FedConfig) -> Res<Vec<Kind>> {
     let kinds: Vec<Kind> = config.servers.iter().map(|s| Kind::parse(s)).collect::<Res<_>>()?;
     if kinds.is_empty() {
         return err("--servers names no server");
@@ -193,22 +193,12 @@ pub async fn run(config: &FedConfig) -> Res<PduResults> {
     {
         return err("the fake server makes events for room versions 11 and 12 only");
     }
-    let progress = Progress { on: config.progress, start: Instant::now() };
-    let out = match &config.out {
-        Some(o) => o.clone(),
-        None => home().join(".cache/seqline/bench-results").join(format!("fed-{}", unix_secs())),
-    };
-    std::fs::create_dir_all(&out).map_err(|e| BenchError(format!("{}: {e}", out.display())))?;
-    progress.say(&format!("servers' directories and logs in {}", out.display()));
+    let (progress, out) = super::start_run(config)?;
     let pairs: Vec<(Kind, Kind)> = kinds.iter().map(|&k| (k, k)).collect();
     let bins = Binaries::find(config, &pairs).await?;
     let mut results = PduResults::default();
     for round in 1..=config.rounds {
-        let mut order = kinds.clone();
-        if round % 2 == 0 {
-            order.reverse();
-        }
-        for kind in order {
+        for kind in round_order(&kinds, round) {
             let label = kind.as_str().to_lowercase();
             if inbound {
                 progress.say(&format!("round {round}: inbound into {}", kind.as_str()));
@@ -220,10 +210,12 @@ pub async fn run(config: &FedConfig) -> Res<PduResults> {
                 let dir = out.join(format!("backfill-{round}-{label}"));
                 let mut result =
                     BackfillResult { server: kind.as_str().to_owned(), round, ..BackfillResult::default() };
-                if let Err(e) = backfill_round(config, &bins, &progress, &dir, kind, &mut result).await {
-                    progress.say(&format!("  failed: {e}"));
-                    result.error = Some(e.0);
-                }
+                let db = format!("fedpdus_bf_{round}_{label}_{}", std::process::id());
+                let outcome = super::with_server(config, &bins, (kind, &dir, &db), async |server| {
+                    backfill_on(config, &progress, server, &mut result).await
+                })
+                .await;
+                result.error = super::failure(&progress, outcome);
                 results.backfill.push(result);
             }
         }
@@ -231,8 +223,17 @@ pub async fn run(config: &FedConfig) -> Res<PduResults> {
     Ok(results)
 }
 
+/// The servers of round `round` (1-based): `kinds`, reversed in even rounds.
+pub(super) fn round_order(kinds: &[Kind], round: usize) -> Vec<Kind> {
+    let mut order = kinds.to_vec();
+    if round.is_multiple_of(2) {
+        order.reverse();
+    }
+    order
+}
+
 /// A signed federation request from `fake` to the listener of `target`.
-async fn fed(
+pub(super) async fn fed(
     fake: &FakeServer,
     https: &reqwest::Client,
     target: &str,
@@ -253,7 +254,7 @@ async fn fed(
 
 /// `user` of the fake joins `room_id` on `target` (make_join, send_join v2);
 /// answers the room as the fake now sees it (the join its newest event).
-async fn fake_join(
+pub(super) async fn fake_join(
     fake: &FakeServer,
     https: &reqwest::Client,
     target: &str,
@@ -282,7 +283,7 @@ async fn fake_join(
 }
 
 /// Sends `pdus` in one transaction; answers how many the receiver refused.
-async fn send_txn(
+pub(super) async fn send_txn(
     fake: &FakeServer,
     https: &reqwest::Client,
     target: &str,
@@ -464,7 +465,7 @@ async fn inbound_shape(
     result: &mut InboundResult,
 ) -> Res<()> {
     let hs = &server.hs;
-    let mut body = json!({
+    let body = json!({
         "preset": "public_chat",
         "name": format!("inbound {shape}"),
         "initial_state": [{
@@ -472,15 +473,7 @@ async fn inbound_shape(
             "content": { "history_visibility": "shared" },
         }],
     });
-    if let Some(v) = &config.room_version {
-        body["room_version"] = json!(v);
-    }
-    let (v, _) = hs
-        .ok("createRoom", Method::POST, &format!("{V3}/createRoom"), Some(&creator.token), Some(&body))
-        .await?;
-    let Some(room_id) = v["room_id"].as_str().map(str::to_owned) else {
-        return err(format!("createRoom: no room_id in {v}"));
-    };
+    let room_id = super::create_room(config, hs, creator, body).await?;
     let mut bc = Config::for_url(&server.client_url);
     bc.concurrency = config.concurrency;
     bc.progress = false;
@@ -776,26 +769,8 @@ fn host(fake: &FakeServer, room: Arc<Mutex<FakeRoom>>) {
     });
 }
 
-/// One receiver's backfill figures: fresh server, a fresh fake with a room
-/// of `--history` events, a user of the receiver joins and pages back.
-async fn backfill_round(
-    config: &FedConfig,
-    bins: &Binaries,
-    progress: &Progress,
-    dir: &Path,
-    kind: Kind,
-    result: &mut BackfillResult,
-) -> Res<()> {
-    let db = format!("fedpdus_bf_{}_{}_{}", result.round, kind.as_str().to_lowercase(), std::process::id());
-    let mut server = Server::start(config, bins, kind, dir, &db).await?;
-    let outcome = backfill_on(config, progress, &server, result).await;
-    if outcome.is_err() {
-        progress.say(&server.log_tail("receiver"));
-    }
-    server.stop(config).await;
-    outcome
-}
-
+/// One receiver's backfill figures (on a fresh server): a fresh fake with
+/// a room of `--history` events, a user of the receiver joins and pages back.
 async fn backfill_on(
     config: &FedConfig,
     progress: &Progress,
@@ -907,7 +882,7 @@ async fn backfill_on(
     Ok(())
 }
 
-fn spread(samples: &[f64], digits: usize) -> String {
+pub(super) fn spread(samples: &[f64], digits: usize) -> String {
     if samples.is_empty() {
         return "-".to_owned();
     }
