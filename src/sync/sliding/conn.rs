@@ -43,7 +43,7 @@ pub enum Sent {
 pub struct RoomSent {
     pub sent: Sent,
     /// The config it was last sent with (a wider one sends more at once).
-    pub config: RoomConfig,
+    pub config: Arc<RoomConfig>,
 }
 
 /// What a connection's client holds once it has an answer.

@@ -4,6 +4,7 @@
 //! ranges. Every list reports `count`, the rooms its filters let through.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -99,11 +100,26 @@ pub struct Selection {
     /// Per list: how many rooms pass its filters, and the ids in its ranges.
     pub lists: BTreeMap<String, (usize, Vec<String>)>,
     /// The rooms to look at, with their merged configs.
-    pub rooms: BTreeMap<String, RoomConfig>,
+    pub rooms: BTreeMap<String, Arc<RoomConfig>>,
     /// Rooms by the list names that hold them.
     pub in_lists: HashMap<String, Vec<String>>,
     /// Rooms subscribed to.
     pub subscribed: HashSet<String>,
+}
+
+/// Gives `room` `config`, merged with the one it has already.
+fn add(rooms: &mut BTreeMap<String, Arc<RoomConfig>>, room: &str, config: &Arc<RoomConfig>) {
+    match rooms.get_mut(room) {
+        None => {
+            rooms.insert(room.to_owned(), config.clone());
+        }
+        Some(held) if **held == **config => {}
+        Some(held) => {
+            let mut merged = (**held).clone();
+            merged.merge(config);
+            *held = Arc::new(merged);
+        }
+    }
 }
 
 /// Sorts `candidates` newest first and applies the request's lists and
@@ -116,28 +132,32 @@ pub fn select(body: &Body, candidates: &mut [Candidate], facts: &Facts) -> Selec
         let passing: Vec<&Candidate> =
             candidates.iter().filter(|c| c.listed && passes(c, &list.filters, facts)).collect();
         let mut ids = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::new();
         for &(start, end) in &list.ranges {
             let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else { continue };
             if start >= passing.len() {
                 continue;
             }
             for c in &passing[start..=end.min(passing.len() - 1)] {
-                if !ids.contains(&c.room.room_id) {
+                if seen.insert(c.room.room_id.as_str()) {
                     ids.push(c.room.room_id.clone());
                 }
             }
         }
+        // Rooms of one list share its config; one in several gets them merged.
+        let config = Arc::new(list.config.clone());
         for id in &ids {
-            out.rooms.entry(id.clone()).or_default().merge(&list.config);
+            add(&mut out.rooms, id, &config);
             out.in_lists.entry(id.clone()).or_default().push(name.clone());
         }
         out.lists.insert(name.clone(), (passing.len(), ids));
     }
+    let known: HashSet<&str> = candidates.iter().map(|c| c.room.room_id.as_str()).collect();
     for (room, config) in &body.room_subscriptions {
         // Rooms the user has no membership of (or that do not exist) are
         // left out without a word.
-        if candidates.iter().any(|c| &c.room.room_id == room) {
-            out.rooms.entry(room.clone()).or_default().merge(config);
+        if known.contains(room.as_str()) {
+            add(&mut out.rooms, room, &Arc::new(config.clone()));
             out.subscribed.insert(room.clone());
         }
     }

@@ -257,17 +257,20 @@ async fn build(
 
     // Rooms held live with the same config need a look only when something
     // landed in them since (one probe for all).
-    let unchanged_config = |id: &str, config: &request::RoomConfig| {
-        held.and_then(|h| h.rooms.get(id)).is_some_and(|s| s.sent == Sent::Live && &s.config == config)
+    let unchanged_config = |id: &str, config: &std::sync::Arc<request::RoomConfig>| {
+        held.and_then(|h| h.rooms.get(id)).is_some_and(|s| s.sent == Sent::Live && s.config == *config)
     };
-    let live: Vec<&str> =
+    let live: HashSet<&str> =
         selection.rooms.iter().filter(|(id, c)| unchanged_config(id, c)).map(|(id, _)| id.as_str()).collect();
     let moved: HashSet<String> = match moved_since {
         // A woken pass: the earlier one found nothing new, so only the
         // rooms the stream log says moved since can have something.
         Some(rooms) => rooms,
         None if live.is_empty() => HashSet::new(),
-        None => events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect(),
+        None => {
+            let live: Vec<&str> = live.iter().copied().collect();
+            events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect()
+        }
     };
     let mut ids: Vec<&str> = selection
         .rooms
