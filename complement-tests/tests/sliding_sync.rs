@@ -612,6 +612,13 @@ async fn others_rooms_and_rooms_left_stay_hidden(backend: Backend) {
     // Her own leave does not list the room on a new connection.
     let listed = ss_ok(&server, &eve, None, 0, all_rooms(json!([[0, 9]]), 1)).await;
     assert_eq!(listed["lists"]["all"]["count"], 0, "{listed}");
+    // Forgotten: not even a subscription reaches it any more.
+    let (status, _) = server.post(&room_path(&public, "/forget"), Some(&eve.token), json!({})).await;
+    assert_eq!(status, 200);
+    let sub =
+        json!({ "conn_id": "after-forget", "room_subscriptions": { &public: { "timeline_limit": 10 } } });
+    let answer = ss_ok(&server, &eve, None, 0, sub).await;
+    assert_eq!(room_ids(&answer), Vec::<String>::new(), "a forgotten room: {answer}");
 }
 
 async fn a_request_for_too_much_is_answered_in_parts(backend: Backend) {

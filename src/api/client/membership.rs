@@ -244,5 +244,7 @@ async fn forget(state: AppState, req: Ruma<forget_room::v3::Request>) -> Result<
         return Err(Error::Unknown("Leave the room before forgetting it".into()));
     }
     memberships::forget(&state.db, me.user_id.as_str(), req.body.room_id.as_str()).await?;
+    // Forgetting moves no stream: the room list sliding sync keeps is dropped.
+    state.sliding.drop_room_list(me.user_id.as_str());
     Ok(forget_room::v3::Response::new())
 }

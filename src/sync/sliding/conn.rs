@@ -76,7 +76,13 @@ pub struct Connections {
 struct Inner {
     next: u64,
     connections: HashMap<Key, Connection>,
+    /// Each user's room list as last read, with the stream position it was
+    /// read at: the next request reads again only what moved since.
+    room_lists: HashMap<String, (i64, Vec<crate::storage::sliding::ListedRoom>)>,
 }
+
+/// Users whose room lists are kept at most (then all are dropped at once).
+const MAX_ROOM_LISTS: usize = 10_000;
 
 impl std::fmt::Debug for Connections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -167,6 +173,30 @@ impl Connections {
             connection.positions.drain(1..=excess);
         }
         format!("{}_{n}", self.epoch)
+    }
+
+    /// `user`'s room list as last read, and the position it was read at.
+    pub fn room_list(&self, user: &str) -> Option<(i64, Vec<crate::storage::sliding::ListedRoom>)> {
+        self.lock().room_lists.get(user).cloned()
+    }
+
+    /// Keeps `user`'s room list read at stream position `at` (unless a
+    /// newer one is kept).
+    pub fn keep_room_list(&self, user: &str, at: i64, rooms: Vec<crate::storage::sliding::ListedRoom>) {
+        let mut inner = self.lock();
+        if inner.room_lists.get(user).is_some_and(|(kept, _)| *kept > at) {
+            return;
+        }
+        if inner.room_lists.len() >= MAX_ROOM_LISTS {
+            inner.room_lists.clear();
+        }
+        inner.room_lists.insert(user.to_owned(), (at, rooms));
+    }
+
+    /// Drops `user`'s kept room list (it changed in a way no stream
+    /// position tells: a room forgotten).
+    pub fn drop_room_list(&self, user: &str) {
+        self.lock().room_lists.remove(user);
     }
 
     /// Forgets every connection of a device (logged out or deleted).

@@ -69,13 +69,16 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
     let mut wake = state.notifier.subscribe(user);
     let mut final_pass = false;
     // The room list the last pass read, and the position it was read at.
-    let mut last: Option<(i64, Vec<sliding::ListedRoom>)> = None;
+    // The user's room list as last read (by this request or an earlier one).
+    let mut last = state.sliding.room_list(user);
     // The position the last pass was built at (it found nothing new).
     let mut last_pass: Option<i64> = None;
     loop {
         wake.borrow_and_update();
+        let started = Instant::now();
         let listed_at = state.streams.position();
         let candidates = room_list(state, user, last.take(), listed_at).await?;
+        state.sliding.keep_room_list(user, listed_at, candidates.clone());
         last = Some((listed_at, candidates.clone()));
         // A connection without lists or subscriptions (Element X's
         // encryption one) watches no room: only what wakes the user alone
@@ -94,11 +97,25 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
         let moved_since = last_pass
             .and_then(|at| state.streams.changes_between(user, at, now.stream))
             .map(|m| m.rooms.into_keys().collect());
+        let listed_us = started.elapsed().as_micros();
         let (mut answer, news, snapshot) =
             state.db.pinned(build(state, me, body, held.as_deref(), candidates, now, moved_since)).await??;
+        tracing::debug!(
+            conn = body.conn_id,
+            woken = last_pass.is_some(),
+            listed_us,
+            built_us = started.elapsed().as_micros(),
+            rooms = answer["rooms"].as_object().map_or(0, Map::len),
+            "sliding sync pass"
+        );
         last_pass = Some(now.stream);
         if news || held.is_none() || final_pass || Instant::now() >= deadline {
             answer["pos"] = json!(state.sliding.store(user, device, &body.conn_id, snapshot));
+            tracing::debug!(
+                conn = body.conn_id,
+                answered_us = started.elapsed().as_micros(),
+                "sliding sync answer"
+            );
             if let Some(txn_id) = &body.txn_id {
                 answer["txn_id"] = json!(txn_id);
             }
