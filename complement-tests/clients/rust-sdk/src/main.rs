@@ -3,7 +3,9 @@
 //! `encryption` simplified sliding sync connections) against a homeserver.
 //!
 //! `rust-sdk-probe SCENARIO...` runs the scenarios named, in order, with one
-//! logged-in client (a second one for `e2ee`); `all` runs every one. Each
+//! logged-in client (a second one for `e2ee`); `all` runs every one but
+//! `restart` (which needs the caller to restart the server) and `room-count`
+//! (which wants a user with many rooms). Each
 //! prints progress lines; the probe prints `OK` at the end, or exits non-zero
 //! with the reason. Every wait is bounded (30 s).
 //!
@@ -11,9 +13,11 @@
 //! |---|---|
 //! | `login` | – (discovery of sliding sync in `/versions`, password login, both connections running) |
 //! | `room-list` | `PROBE_ROOMS`: room ids, comma-separated, all in the joined rooms list |
+//! | `room-count` | `PROBE_ROOM_COUNT`: the user's number of rooms, all joined; the list grows until it holds them all and its count says so (not in `all`) |
 //! | `latest-event` | `PROBE_LATEST_ROOM`, `PROBE_LATEST_EVENT`, `PROBE_LATEST_BODY`: the room list's latest event |
 //! | `invite` | `PROBE_INVITE_ROOM`: shows up among invites (its sender `PROBE_INVITER` if set), is joined from the client, moves to the joined list |
 //! | `messages` | `PROBE_CHAT_ROOM`, `PROBE_SEND_BODY` (sent, its remote echo awaited; prints `SENT <event id>`), `PROBE_LIVE_BODY` (prints `READY live`, then waits for another user to send it) |
+//! | `restart` | `PROBE_CHAT_ROOM`, `PROBE_RESTART_BODY`: prints `READY restart`, then waits for that message, sent after the server restarted (sync errors meanwhile are met by starting the sync again, as apps do) |
 //! | `leave` | `PROBE_LEAVE_ROOM`: left from the client; its state becomes Left and it leaves the joined list |
 //! | `e2ee` | `PROBE_E2EE_ROOM`, `PROBE_USER2`, `PROBE_PASSWORD2`: both users' clients (each its own `SyncService`) send in the encrypted room and each decrypts the other's message |
 //!
@@ -33,7 +37,7 @@ use matrix_sdk::sliding_sync::VersionBuilder;
 use matrix_sdk::{BaseRoom, Client, Room, RoomState};
 use matrix_sdk_ui::eyeball_im::Vector;
 use matrix_sdk_ui::room_list_service::filters::{BoxedFilterFn, new_filter_invite, new_filter_joined};
-use matrix_sdk_ui::room_list_service::{RoomList, RoomListItem};
+use matrix_sdk_ui::room_list_service::{RoomList, RoomListItem, RoomListLoadingState};
 use matrix_sdk_ui::sync_service::{self, SyncService};
 use matrix_sdk_ui::timeline::{LatestEventValue, RoomExt, Timeline};
 
@@ -220,6 +224,30 @@ async fn room_list(probe: &Probe) -> Result<()> {
     Ok(())
 }
 
+/// The room list grows its range page by page (`[0,19]`, then by 100) until
+/// it holds every room: all `PROBE_ROOM_COUNT` joined rooms become entries and
+/// the list's `count` says as many.
+async fn room_count(probe: &Probe) -> Result<()> {
+    let want: usize = env("PROBE_ROOM_COUNT")?.parse().context("PROBE_ROOM_COUNT is not a number")?;
+    let list = probe.sync.room_list_service().all_rooms().await?;
+    let loading = list.loading_state();
+    let mut seen = (0, None);
+    probe
+        .wait(&format!("{want} rooms in the joined rooms list"), async || {
+            let entries = probe.joined.lock().expect("view lock").len();
+            let count = match loading.get() {
+                RoomListLoadingState::Loaded { maximum_number_of_rooms } => maximum_number_of_rooms,
+                RoomListLoadingState::NotLoaded => None,
+            };
+            seen = (entries, count);
+            Ok((entries == want && count == u32::try_from(want).ok()).then_some(()))
+        })
+        .await
+        .with_context(|| format!("the list held {} entries, its count was {:?}", seen.0, seen.1))?;
+    probe.say(&format!("room list: {want} joined entries, count {want}"));
+    Ok(())
+}
+
 async fn latest_event(probe: &Probe) -> Result<()> {
     let room_id = room_id_env("PROBE_LATEST_ROOM")?;
     let want_id = env("PROBE_LATEST_EVENT")?;
@@ -318,6 +346,43 @@ async fn messages(probe: &Probe) -> Result<()> {
     Ok(())
 }
 
+/// The server restarts (it keeps no sliding sync connection across that):
+/// the sync loops stop on their errors and, started again as an app does,
+/// meet `M_UNKNOWN_POS` and begin new connections; a message sent after the
+/// restart must then come down into the open timeline.
+async fn restart(probe: &Probe) -> Result<()> {
+    let room_id = room_id_env("PROBE_CHAT_ROOM")?;
+    let body = env("PROBE_RESTART_BODY")?;
+    let room = probe.joined_room(&room_id).await?;
+    let timeline = probe.open(&room).await?;
+    println!("READY restart");
+    let deadline = Instant::now() + WAIT;
+    let mut restarts = 0;
+    let found = loop {
+        if let Some(found) = message_in(&timeline, &body, None).await {
+            break found;
+        }
+        if let sync_service::State::Error(error) = probe.sync.state().get() {
+            restarts += 1;
+            probe.say(&format!("the sync stopped ({error}); starting it again"));
+            probe.sync.start().await;
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {} s waiting for {body:?} after the restart", WAIT.as_secs());
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    probe
+        .wait("the sync service running again", async || {
+            Ok(matches!(probe.sync.state().get(), sync_service::State::Running).then_some(()))
+        })
+        .await?;
+    probe.say(&format!(
+        "after the restart: {body:?} ({found}) came down; the sync was started {restarts} time(s)"
+    ));
+    Ok(())
+}
+
 async fn leave(probe: &Probe) -> Result<()> {
     let room_id = room_id_env("PROBE_LEAVE_ROOM")?;
     let room = probe.joined_room(&room_id).await?;
@@ -413,10 +478,12 @@ async fn run(scenarios: &[String]) -> Result<()> {
         result = match scenario.as_str() {
             "login" => Ok(()),
             "room-list" => room_list(&probe).await,
+            "room-count" => room_count(&probe).await,
             "latest-event" => latest_event(&probe).await,
             "invite" => invite(&probe).await,
             "messages" => messages(&probe).await,
             "leave" => leave(&probe).await,
+            "restart" => restart(&probe).await,
             "e2ee" => e2ee(&hs, &probe).await,
             other => Err(anyhow::anyhow!("unknown scenario {other}")),
         }
@@ -434,13 +501,17 @@ async fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 
-    let mut scenarios: Vec<String> = std::env::args().skip(1).collect();
+    // `all` stands for the scenarios it names, in place.
+    let scenarios: Vec<String> = std::env::args()
+        .skip(1)
+        .flat_map(|arg| match arg.as_str() {
+            "all" => SCENARIOS.iter().map(|s| (*s).to_owned()).collect(),
+            _ => vec![arg],
+        })
+        .collect();
     if scenarios.is_empty() {
-        eprintln!("usage: rust-sdk-probe SCENARIO... (all, {})", SCENARIOS.join(", "));
+        eprintln!("usage: rust-sdk-probe SCENARIO... (all, {}, restart, room-count)", SCENARIOS.join(", "));
         std::process::exit(2);
-    }
-    if scenarios.iter().any(|s| s == "all") {
-        scenarios = SCENARIOS.iter().map(|s| (*s).to_owned()).collect();
     }
     match run(&scenarios).await {
         Ok(()) => println!("OK"),
