@@ -26,8 +26,12 @@
 //!   message (read back here through `/messages`) and sees one sent here live,
 //!   leaves a room (state Left, gone from the joined list), and with a second
 //!   client of its own exchanges Megolm messages in an encrypted room, each
-//!   decrypting the other's. `matrix_rust_sdk_against_synapse` runs the same
-//!   probe against Synapse, so what it expects is the protocol.
+//!   decrypting the other's; then seqline restarts under it (the SDK meets
+//!   `M_UNKNOWN_POS` and starts new connections) and a message sent after
+//!   the restart must reach its open timeline. With 150 rooms its room list
+//!   grows from `[0,19]` until it holds them all, the count right.
+//!   `matrix_rust_sdk_against_synapse` runs the probe against Synapse, so
+//!   what it expects is the protocol.
 //!
 //! `clients/nio/setup.sh` builds nio's venv and `clients/js/setup.sh` installs
 //! the pinned `package-lock.json` (with Node 22 from the npm package
@@ -44,8 +48,8 @@ use std::time::{Duration, Instant};
 
 use complement_tests::api::{V3, enc, event_id_of, room_path, text as message};
 use complement_tests::backend_tests;
-use complement_tests::federation::FedServer;
-use complement_tests::harness::{Backend, Server, User};
+use complement_tests::federation::{FedServer, free_port};
+use complement_tests::harness::{Backend, Options, Server, User};
 use complement_tests::synapse::{Synapse, SynapseOptions};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -60,7 +64,8 @@ backend_tests!(
     matrix_js_sdk_across_servers,
     matrix_js_sdk_with_synapse,
     hydrogen_flow,
-    matrix_rust_sdk_sliding_sync
+    matrix_rust_sdk_sliding_sync,
+    matrix_rust_sdk_many_rooms
 );
 
 /// The first run installs from PyPI or npm (and apt, for Chromium); later
@@ -348,6 +353,8 @@ trait Homeserver {
     async fn register(&self, localpart: &str, password: &str) -> User;
     /// What the server logged, for a failure's message.
     fn logs(&self) -> String;
+    /// Stops the server and starts it again on the same data and address.
+    async fn restart(&mut self);
 }
 
 impl Homeserver for Server {
@@ -363,6 +370,9 @@ impl Homeserver for Server {
     fn logs(&self) -> String {
         self.log()
     }
+    async fn restart(&mut self) {
+        Server::restart(self).await;
+    }
 }
 
 impl Homeserver for Synapse {
@@ -377,6 +387,9 @@ impl Homeserver for Synapse {
     }
     fn logs(&self) -> String {
         self.log_tail()
+    }
+    async fn restart(&mut self) {
+        unreachable!("the probe's restart scenario runs against seqline only")
     }
 }
 
@@ -425,10 +438,69 @@ async fn newest_events(hs: &impl Homeserver, user: &User, room: &str) -> Vec<Val
     page["chunk"].as_array().cloned().unwrap_or_default()
 }
 
-/// Runs the probe's scenarios (`all`) against `hs`: alice acts over plain
-/// HTTP, bob is the probe's client and carol the probe's second client in
-/// the encrypted room. Afterwards the server must hold what the probe did.
-async fn rust_sdk_flow(probe: &Path, hs: &impl Homeserver) {
+/// What the test does when the probe says it waits for it: `READY live`,
+/// a message in `chat`; `READY restart`, a restart of the server and then
+/// a message.
+struct Cues<'a> {
+    alice: &'a User,
+    chat: &'a str,
+    live_body: &'a str,
+    restart_body: &'a str,
+}
+
+/// Runs the probe `cmd` (its scenarios and environment set), answering its
+/// `READY` lines with `cues`; fails unless it ends with `OK`. Its output lines.
+async fn run_probe(mut cmd: Command, hs: &mut impl Homeserver, cues: Option<Cues<'_>>) -> Vec<String> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("the probe could not start: {e}"));
+    let mut stderr = child.stderr.take().expect("stderr");
+    let stderr = tokio::spawn(async move {
+        let mut all = String::new();
+        let _ = stderr.read_to_string(&mut all).await;
+        all
+    });
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut out = Vec::new();
+    let ran = tokio::time::timeout(PROBE_TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.expect("the probe's output") {
+            eprintln!("probe: {line}");
+            // The probe waits for these messages in its open timeline.
+            match (&cues, line.as_str()) {
+                (Some(cues), "READY live") => {
+                    send_text(hs, cues.alice, cues.chat, cues.live_body).await;
+                }
+                (Some(cues), "READY restart") => {
+                    hs.restart().await;
+                    send_text(hs, cues.alice, cues.chat, cues.restart_body).await;
+                }
+                _ => {}
+            }
+            out.push(line);
+        }
+        child.wait().await.expect("the probe's exit")
+    })
+    .await;
+    let stderr = stderr.await.unwrap_or_default();
+    eprintln!("probe stderr:\n{stderr}");
+    let status = ran.unwrap_or_else(|_| {
+        panic!("the probe did not finish within {PROBE_TIMEOUT:?}; server log:\n{}", hs.logs())
+    });
+    eprintln!("probe: {status} in {:.1} s", started.elapsed().as_secs_f64());
+    assert!(
+        status.success() && out.last().map(String::as_str) == Some("OK"),
+        "the matrix-rust-sdk probe failed ({status}): {}\nserver log:\n{}",
+        out.iter().rev().find(|l| l.starts_with("FAILED")).map_or("no FAILED line", String::as_str),
+        hs.logs()
+    );
+    out
+}
+
+/// Runs the probe's `scenarios` (`all`, and `restart` when given) against
+/// `hs`: alice acts over plain HTTP, bob is the probe's client and carol the
+/// probe's second client in the encrypted room. Afterwards the server must
+/// hold what the probe did.
+async fn rust_sdk_flow(probe: &Path, hs: &mut impl Homeserver, scenarios: &[&str]) {
     let password = "rust sdk probe password";
     let alice = hs.register("alice", password).await;
     let bob = hs.register("bob", password).await;
@@ -453,8 +525,9 @@ async fn rust_sdk_flow(probe: &Path, hs: &impl Homeserver) {
 
     let send_body = "hello from matrix-rust-sdk";
     let live_body = "hello over plain HTTP, seen live";
+    let restart_body = "hello after the server restarted";
     let mut cmd = Command::new(probe);
-    cmd.arg("all")
+    cmd.args(scenarios)
         .env("PROBE_HS", hs.client_url())
         .env("PROBE_USER", &bob.user_id)
         .env("PROBE_PASSWORD", password)
@@ -469,46 +542,11 @@ async fn rust_sdk_flow(probe: &Path, hs: &impl Homeserver) {
         .env("PROBE_CHAT_ROOM", &chat)
         .env("PROBE_SEND_BODY", send_body)
         .env("PROBE_LIVE_BODY", live_body)
+        .env("PROBE_RESTART_BODY", restart_body)
         .env("PROBE_LEAVE_ROOM", &to_leave)
-        .env("PROBE_E2EE_ROOM", &encrypted)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let started = Instant::now();
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{}: could not start: {e}", probe.display()));
-    let mut stderr = child.stderr.take().expect("stderr");
-    let stderr = tokio::spawn(async move {
-        let mut all = String::new();
-        let _ = stderr.read_to_string(&mut all).await;
-        all
-    });
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut out = Vec::new();
-    let ran = tokio::time::timeout(PROBE_TIMEOUT, async {
-        while let Some(line) = lines.next_line().await.expect("the probe's output") {
-            eprintln!("probe: {line}");
-            if line == "READY live" {
-                // The probe waits for this message in its open timeline.
-                send_text(hs, &alice, &chat, live_body).await;
-            }
-            out.push(line);
-        }
-        child.wait().await.expect("the probe's exit")
-    })
-    .await;
-    let stderr = stderr.await.unwrap_or_default();
-    eprintln!("probe stderr:\n{stderr}");
-    let status = ran.unwrap_or_else(|_| {
-        panic!("the probe did not finish within {PROBE_TIMEOUT:?}; server log:\n{}", hs.logs())
-    });
-    eprintln!("probe: {status} in {:.1} s", started.elapsed().as_secs_f64());
-    assert!(
-        status.success() && out.last().map(String::as_str) == Some("OK"),
-        "the matrix-rust-sdk probe failed ({status}): {}\nserver log:\n{}",
-        out.iter().rev().find(|l| l.starts_with("FAILED")).map_or("no FAILED line", String::as_str),
-        hs.logs()
-    );
+        .env("PROBE_E2EE_ROOM", &encrypted);
+    let cues = Cues { alice: &alice, chat: &chat, live_body, restart_body };
+    let out = run_probe(cmd, hs, Some(cues)).await;
 
     // What the probe did is on the server.
     let sent = out.iter().find_map(|l| l.strip_prefix("SENT ")).expect("a SENT line");
@@ -525,11 +563,11 @@ async fn rust_sdk_flow(probe: &Path, hs: &impl Homeserver) {
         .filter_map(|e| Some((e["sender"].as_str()?, e["content"]["body"].as_str()?)))
         .collect();
     bodies.reverse();
-    assert_eq!(
-        bodies,
-        [(bob.user_id.as_str(), send_body), (alice.user_id.as_str(), live_body)],
-        "the messages of {chat}"
-    );
+    let mut want = vec![(bob.user_id.as_str(), send_body), (alice.user_id.as_str(), live_body)];
+    if scenarios.contains(&"restart") {
+        want.push((alice.user_id.as_str(), restart_body));
+    }
+    assert_eq!(bodies, want, "the messages of {chat}");
     let membership = |events: &[Value], user: &str| {
         events
             .iter()
@@ -559,8 +597,32 @@ async fn rust_sdk_flow(probe: &Path, hs: &impl Homeserver) {
 /// `room-list` and `encryption` sliding sync connections) against seqline.
 async fn matrix_rust_sdk_sliding_sync(backend: Backend) {
     let probe = rust_sdk_probe().await;
-    let server = Server::start(&backend).await;
-    rust_sdk_flow(&probe, &server).await;
+    // A fixed address, for the probe to find the server again after its restart.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut server = Server::start_with(&backend, Options::default().env("SEQLINE_LISTEN", &listen)).await;
+    rust_sdk_flow(&probe, &mut server, &["all", "restart"]).await;
+}
+
+/// A user with 150 rooms: Element X's room list starts at `[0,19]` and
+/// grows by 100 until it holds them all, its count right all along.
+async fn matrix_rust_sdk_many_rooms(backend: Backend) {
+    const ROOMS: usize = 150;
+    let probe = rust_sdk_probe().await;
+    let mut server = Server::start(&backend).await;
+    let password = "rust sdk probe password";
+    let bob = Homeserver::register(&server, "bob", password).await;
+    let started = Instant::now();
+    for n in 0..ROOMS {
+        ok_post(&server, &format!("{V3}/createRoom"), &bob, json!({ "name": format!("Room {n}") })).await;
+    }
+    eprintln!("{ROOMS} rooms created in {:.1} s", started.elapsed().as_secs_f64());
+    let mut cmd = Command::new(&probe);
+    cmd.arg("room-count")
+        .env("PROBE_HS", &server.base_url)
+        .env("PROBE_USER", &bob.user_id)
+        .env("PROBE_PASSWORD", password)
+        .env("PROBE_ROOM_COUNT", ROOMS.to_string());
+    run_probe(cmd, &mut server, None).await;
 }
 
 /// The same probe against Synapse: what it expects is the protocol, not
@@ -568,6 +630,6 @@ async fn matrix_rust_sdk_sliding_sync(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_rust_sdk_against_synapse() {
     let probe = rust_sdk_probe().await;
-    let synapse = Synapse::start_with(SynapseOptions::default()).await;
-    rust_sdk_flow(&probe, &synapse).await;
+    let mut synapse = Synapse::start_with(SynapseOptions::default()).await;
+    rust_sdk_flow(&probe, &mut synapse, &["all"]).await;
 }
