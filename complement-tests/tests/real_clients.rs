@@ -30,8 +30,9 @@
 //!   `M_UNKNOWN_POS` and starts new connections) and a message sent after
 //!   the restart must reach its open timeline. With 150 rooms its room list
 //!   grows from `[0,19]` until it holds them all, the count right.
-//!   `matrix_rust_sdk_against_synapse` runs the probe against Synapse, so
-//!   what it expects is the protocol.
+//!   `matrix_rust_sdk_against_synapse` and
+//!   `matrix_rust_sdk_many_rooms_against_synapse` run the probe against
+//!   Synapse, so what it expects is the protocol.
 //!
 //! `clients/nio/setup.sh` builds nio's venv and `clients/js/setup.sh` installs
 //! the pinned `package-lock.json` (with Node 22 from the npm package
@@ -603,26 +604,38 @@ async fn matrix_rust_sdk_sliding_sync(backend: Backend) {
     rust_sdk_flow(&probe, &mut server, &["all", "restart"]).await;
 }
 
-/// A user with 150 rooms: Element X's room list starts at `[0,19]` and
-/// grows by 100 until it holds them all, its count right all along.
-async fn matrix_rust_sdk_many_rooms(backend: Backend) {
+/// A user with 150 rooms on `hs`: Element X's room list starts at `[0,19]`
+/// and grows by 100 until it holds them all, its count right all along.
+async fn rust_sdk_many_rooms(probe: &Path, hs: &mut impl Homeserver) {
     const ROOMS: usize = 150;
-    let probe = rust_sdk_probe().await;
-    let mut server = Server::start(&backend).await;
     let password = "rust sdk probe password";
-    let bob = Homeserver::register(&server, "bob", password).await;
+    let bob = hs.register("bob", password).await;
     let started = Instant::now();
     for n in 0..ROOMS {
-        ok_post(&server, &format!("{V3}/createRoom"), &bob, json!({ "name": format!("Room {n}") })).await;
+        ok_post(hs, &format!("{V3}/createRoom"), &bob, json!({ "name": format!("Room {n}") })).await;
     }
     eprintln!("{ROOMS} rooms created in {:.1} s", started.elapsed().as_secs_f64());
-    let mut cmd = Command::new(&probe);
+    let mut cmd = Command::new(probe);
     cmd.arg("room-count")
-        .env("PROBE_HS", &server.base_url)
+        .env("PROBE_HS", hs.client_url())
         .env("PROBE_USER", &bob.user_id)
         .env("PROBE_PASSWORD", password)
         .env("PROBE_ROOM_COUNT", ROOMS.to_string());
-    run_probe(cmd, &mut server, None).await;
+    run_probe(cmd, hs, None).await;
+}
+
+async fn matrix_rust_sdk_many_rooms(backend: Backend) {
+    let probe = rust_sdk_probe().await;
+    let mut server = Server::start(&backend).await;
+    rust_sdk_many_rooms(&probe, &mut server).await;
+}
+
+/// The many-rooms probe against Synapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_rust_sdk_many_rooms_against_synapse() {
+    let probe = rust_sdk_probe().await;
+    let mut synapse = Synapse::start_with(SynapseOptions::default()).await;
+    rust_sdk_many_rooms(&probe, &mut synapse).await;
 }
 
 /// The same probe against Synapse: what it expects is the protocol, not
