@@ -182,6 +182,9 @@ impl Synapse {
         let public_key = STANDARD_NO_PAD.encode(SigningKey::from_bytes(&seed).verifying_key().to_bytes());
         std::fs::write(dir.join("log.yaml"), log_config(&dir)).expect("write the log config");
 
+        // Built with seqline in one workspace, reqwest needs a rustls provider
+        // (a test that starts no seqline server first has none installed).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("http client");
         let mut synapse = Self {
             child: None,
