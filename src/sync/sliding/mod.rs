@@ -73,6 +73,8 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
     let mut last = state.sliding.room_list(user);
     // The position the last pass was built at (it found nothing new).
     let mut last_pass: Option<i64> = None;
+    // The rooms watched for wake-ups, and their watch.
+    let mut watch: Option<(Vec<String>, crate::streams::RoomWatch<'_>)> = None;
     loop {
         wake.borrow_and_update();
         let started = Instant::now();
@@ -89,7 +91,10 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
             .filter(|r| rooms_wanted && r.open.as_deref() == Some("join"))
             .map(|r| r.room_id.clone())
             .collect();
-        let _watch = state.notifier.watch_rooms(user, joined);
+        // The watch stands across passes while the rooms joined stay the same.
+        if watch.as_ref().is_none_or(|(rooms, _)| *rooms != joined) {
+            watch = Some((joined.clone(), state.notifier.watch_rooms(user, joined)));
+        }
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
         // The pass's reads run back to back on one held connection.
         // Woken: the rooms with events or receipts since the last pass,
