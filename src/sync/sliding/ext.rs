@@ -4,7 +4,7 @@
 //! and `rooms` restrict the room-scoped ones to the rooms of those lists
 //! and subscriptions (default: all).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
@@ -44,23 +44,18 @@ impl Ext {
         }
     }
 
-    /// The rooms of `selection` this extension covers.
-    pub fn rooms<'a>(&self, selection: &'a Selection) -> HashSet<&'a str> {
-        let mut out = HashSet::new();
+    /// Whether this extension covers room `id` of `selection` (a room of
+    /// one of its lists, or one of its subscriptions).
+    pub fn covers(&self, selection: &Selection, id: &str) -> bool {
         if !self.enabled {
-            return out;
+            return false;
         }
-        for (room, lists) in &selection.in_lists {
-            if self.lists.as_ref().is_none_or(|wanted| lists.iter().any(|l| wanted.contains(l))) {
-                out.insert(room.as_str());
-            }
-        }
-        for room in &selection.subscribed {
-            if self.rooms.as_ref().is_none_or(|wanted| wanted.contains(room)) {
-                out.insert(room.as_str());
-            }
-        }
-        out
+        let by_list = selection.in_lists.get(id).is_some_and(|lists| {
+            self.lists.as_ref().is_none_or(|wanted| lists.iter().any(|l| wanted.contains(l)))
+        });
+        let by_subscription = selection.subscribed.contains(id)
+            && self.rooms.as_ref().is_none_or(|wanted| wanted.iter().any(|r| r == id));
+        by_list || by_subscription
     }
 
     /// `to_device.since`: the position of the last message the device has.
@@ -117,10 +112,10 @@ mod tests {
             ..Selection::default()
         };
         let typing = Ext::of(&exts, "typing");
-        let mut rooms: Vec<&str> = typing.rooms(&selection).into_iter().collect();
-        rooms.sort_unstable();
-        assert_eq!(rooms, vec!["!a", "!c"]);
-        assert!(Ext::of(&exts, "receipts").rooms(&selection).is_empty());
+        let covered: Vec<&str> =
+            ["!a", "!b", "!c", "!d"].into_iter().filter(|r| typing.covers(&selection, r)).collect();
+        assert_eq!(covered, vec!["!a", "!c"]);
+        assert!(!Ext::of(&exts, "receipts").covers(&selection, "!a"));
         assert!(!Ext::of(&exts, "e2ee").enabled);
         let to_device = Ext::of(&exts, "to_device");
         assert_eq!((to_device.since(), to_device.limit()), (Some(42), TO_DEVICE_LIMIT));

@@ -421,7 +421,12 @@ async fn build(
             global.push(json!({ "type": "m.push_rules", "content": { "global": *rules } }));
         }
         let mut per_room = Map::new();
-        for id in account.rooms(&selection) {
+        // Only rooms sent whole or with data changed can have any.
+        let mut maybe: Vec<&str> = whole.keys().map(String::as_str).collect();
+        maybe.extend(changed_data.iter().map(|(room, _, _)| room.as_str()).filter(|r| !r.is_empty()));
+        maybe.sort_unstable();
+        maybe.dedup();
+        for id in maybe.into_iter().filter(|id| account.covers(&selection, id)) {
             let data: Vec<Value> = if whole.contains_key(id) {
                 account_data::of_room(&state.db, user, id)
                     .await?
@@ -445,7 +450,12 @@ async fn build(
     let receipts = Ext::of(&body.extensions, "receipts");
     if receipts.enabled {
         let mut per_room = Map::new();
-        for id in receipts.rooms(&selection) {
+        // Only rooms sent whole or with receipts changed can have any.
+        let mut maybe: Vec<String> = whole.keys().cloned().collect();
+        maybe.extend(receipts_of.iter().filter(|(_, r)| !r.is_empty()).map(|(id, _)| id.clone()));
+        maybe.sort_unstable();
+        maybe.dedup();
+        for id in maybe.iter().map(String::as_str).filter(|id| receipts.covers(&selection, id)) {
             let found = match whole.get(id) {
                 Some(timeline) => {
                     let ids: Vec<&str> = timeline.iter().map(String::as_str).collect();
@@ -463,7 +473,15 @@ async fn build(
     let typing = Ext::of(&body.extensions, "typing");
     if typing.enabled {
         let mut per_room = Map::new();
-        for id in typing.rooms(&selection) {
+        // No typing notice moved since the client's position: only rooms
+        // sent whole (all who type now) are looked at.
+        let quiet = held.is_some_and(|h| h.typing == now.typing);
+        let maybe: Vec<&str> = if quiet {
+            whole.keys().map(String::as_str).collect()
+        } else {
+            selection.rooms.keys().map(String::as_str).collect()
+        };
+        for id in maybe.into_iter().filter(|id| typing.covers(&selection, id)) {
             if by_id.get(id).is_none_or(|c| c.membership() != Some("join")) {
                 continue;
             }
