@@ -78,7 +78,7 @@ struct Inner {
     connections: HashMap<Key, Connection>,
     /// Each user's room list as last read, with the stream position it was
     /// read at: the next request reads again only what moved since.
-    room_lists: HashMap<String, (i64, Vec<crate::storage::sliding::ListedRoom>)>,
+    room_lists: HashMap<String, (i64, Arc<Vec<crate::storage::sliding::ListedRoom>>)>,
 }
 
 /// Users whose room lists are kept at most (then all are dropped at once).
@@ -176,13 +176,13 @@ impl Connections {
     }
 
     /// `user`'s room list as last read, and the position it was read at.
-    pub fn room_list(&self, user: &str) -> Option<(i64, Vec<crate::storage::sliding::ListedRoom>)> {
+    pub fn room_list(&self, user: &str) -> Option<(i64, Arc<Vec<crate::storage::sliding::ListedRoom>>)> {
         self.lock().room_lists.get(user).cloned()
     }
 
     /// Keeps `user`'s room list read at stream position `at` (unless a
     /// newer one is kept).
-    pub fn keep_room_list(&self, user: &str, at: i64, rooms: Vec<crate::storage::sliding::ListedRoom>) {
+    pub fn keep_room_list(&self, user: &str, at: i64, rooms: Arc<Vec<crate::storage::sliding::ListedRoom>>) {
         let mut inner = self.lock();
         if inner.room_lists.get(user).is_some_and(|(kept, _)| *kept > at) {
             return;

@@ -3,6 +3,7 @@
 //! the user may see (newest first, then by room id), sliced by each list's
 //! ranges. Every list reports `count`, the rooms its filters let through.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -14,9 +15,9 @@ use crate::storage::sliding::ListedRoom;
 /// One room the user may see in a list: from this server's line, or a
 /// pending invite or knock into a room on another server.
 #[derive(Debug, Clone)]
-pub struct Candidate {
+pub struct Candidate<'a> {
     /// The room as the list query read it.
-    pub room: ListedRoom,
+    pub room: Cow<'a, ListedRoom>,
     /// For a room not on our line: the pending invite or knock's stripped
     /// state (the invite's own member event among it) and membership.
     pub remote: Option<(Value, String)>,
@@ -26,7 +27,7 @@ pub struct Candidate {
     pub listed: bool,
 }
 
-impl Candidate {
+impl Candidate<'_> {
     /// `invite`, `knock`, `join`, or `None` (left, kicked, banned).
     pub fn membership(&self) -> Option<&str> {
         match &self.remote {
@@ -65,7 +66,7 @@ pub fn direct_rooms(content: Option<&str>) -> HashSet<String> {
 }
 
 /// Whether a list's filters let `c` through.
-fn passes(c: &Candidate, f: &Filters, facts: &Facts) -> bool {
+fn passes(c: &Candidate<'_>, f: &Filters, facts: &Facts) -> bool {
     let room = &c.room;
     if f.is_dm.is_some_and(|want| want != facts.direct.contains(&room.room_id)) {
         return false;
@@ -124,12 +125,12 @@ fn add(rooms: &mut BTreeMap<String, Arc<RoomConfig>>, room: &str, config: &Arc<R
 
 /// Sorts `candidates` newest first and applies the request's lists and
 /// subscriptions.
-pub fn select(body: &Body, candidates: &mut [Candidate], facts: &Facts) -> Selection {
+pub fn select(body: &Body, candidates: &mut [Candidate<'_>], facts: &Facts) -> Selection {
     candidates
         .sort_by(|a, b| b.room.stream.cmp(&a.room.stream).then_with(|| a.room.room_id.cmp(&b.room.room_id)));
     let mut out = Selection::default();
     for (name, list) in &body.lists {
-        let passing: Vec<&Candidate> =
+        let passing: Vec<&Candidate<'_>> =
             candidates.iter().filter(|c| c.listed && passes(c, &list.filters, facts)).collect();
         let mut ids = Vec::new();
         let mut seen: HashSet<&str> = HashSet::new();
@@ -169,9 +170,9 @@ mod tests {
     use super::*;
     use crate::sync::sliding::request::{self, List};
 
-    fn room(id: &str, stream: i64, open: Option<&str>) -> Candidate {
+    fn room(id: &str, stream: i64, open: Option<&str>) -> Candidate<'static> {
         Candidate {
-            room: ListedRoom {
+            room: Cow::Owned(ListedRoom {
                 room_id: id.into(),
                 open: open.map(str::to_owned),
                 horizon: stream,
@@ -181,7 +182,7 @@ mod tests {
                 encrypted: false,
                 name: None,
                 avatar: None,
-            },
+            }),
             remote: None,
             listed: true,
         }
@@ -199,7 +200,7 @@ mod tests {
             room("!c", 7, Some("join")),
             room("!d", 7, Some("join")),
         ];
-        rooms[2].room.encrypted = true;
+        rooms[2].room.to_mut().encrypted = true;
         let body = request::Body {
             lists: BTreeMap::from([
                 ("all".to_owned(), list(vec![(0, 1)], Filters::default())),

@@ -18,7 +18,9 @@ pub mod list;
 pub mod request;
 pub mod room;
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
@@ -68,13 +70,13 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
     }
     let mut wake = state.notifier.subscribe(user);
     let mut final_pass = false;
-    // The room list the last pass read, and the position it was read at.
-    // The user's room list as last read (by this request or an earlier one).
+    // The user's room list as last read (by this request or an earlier
+    // one), and the position it was read at: shared, not copied.
     let mut last = state.sliding.room_list(user);
     // The position the last pass was built at (it found nothing new).
     let mut last_pass: Option<i64> = None;
     // The rooms watched for wake-ups, and their watch.
-    let mut watch: Option<(Vec<String>, crate::streams::RoomWatch<'_>)> = None;
+    let mut watch: Option<(u64, crate::streams::RoomWatch<'_>)> = None;
     loop {
         wake.borrow_and_update();
         let started = Instant::now();
@@ -82,18 +84,22 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
         let candidates = room_list(state, user, last.take(), listed_at).await?;
         state.sliding.keep_room_list(user, listed_at, candidates.clone());
         last = Some((listed_at, candidates.clone()));
+        let candidates: &[sliding::ListedRoom] = &candidates;
         // A connection without lists or subscriptions (Element X's
         // encryption one) watches no room: only what wakes the user alone
         // (to-device messages, device lists, account data) concerns it.
         let rooms_wanted = !body.lists.is_empty() || !body.room_subscriptions.is_empty();
-        let joined: Vec<String> = candidates
-            .iter()
-            .filter(|r| rooms_wanted && r.open.as_deref() == Some("join"))
-            .map(|r| r.room_id.clone())
-            .collect();
+        let joined = candidates.iter().filter(|r| rooms_wanted && r.open.as_deref() == Some("join"));
         // The watch stands across passes while the rooms joined stay the same.
-        if watch.as_ref().is_none_or(|(rooms, _)| *rooms != joined) {
-            watch = Some((joined.clone(), state.notifier.watch_rooms(user, joined)));
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            joined.clone().for_each(|r| r.room_id.hash(&mut h));
+            h.finish()
+        };
+        if watch.as_ref().is_none_or(|(held, _)| *held != fingerprint) {
+            let rooms = joined.map(|r| r.room_id.clone()).collect();
+            watch = Some((fingerprint, state.notifier.watch_rooms(user, rooms)));
         }
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
         // The pass's reads run back to back on one held connection.
@@ -140,21 +146,24 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
 async fn room_list(
     state: &AppState,
     user: &str,
-    last: Option<(i64, Vec<sliding::ListedRoom>)>,
+    last: Option<(i64, Arc<Vec<sliding::ListedRoom>>)>,
     at: i64,
-) -> Result<Vec<sliding::ListedRoom>> {
-    let Some((listed_at, mut rooms)) = last else { return sliding::rooms_of(&state.db, user, &[]).await };
+) -> Result<Arc<Vec<sliding::ListedRoom>>> {
+    let whole = || async { Ok(Arc::new(sliding::rooms_of(&state.db, user, &[]).await?)) };
+    let Some((listed_at, mut rooms)) = last else { return whole().await };
     let moved = match state.streams.changes_between(user, listed_at, at) {
         Some(moved) if !moved.my_membership => moved,
-        _ => return sliding::rooms_of(&state.db, user, &[]).await,
+        _ => return whole().await,
     };
     let ids: Vec<&str> =
         moved.rooms.keys().map(String::as_str).filter(|id| rooms.iter().any(|r| r.room_id == *id)).collect();
     if ids.is_empty() {
         return Ok(rooms);
     }
-    for fresh in sliding::rooms_of(&state.db, user, &ids).await? {
-        if let Some(slot) = rooms.iter_mut().find(|r| r.room_id == fresh.room_id) {
+    let fresh = sliding::rooms_of(&state.db, user, &ids).await?;
+    let list = Arc::make_mut(&mut rooms);
+    for fresh in fresh {
+        if let Some(slot) = list.iter_mut().find(|r| r.room_id == fresh.room_id) {
             *slot = fresh;
         }
     }
@@ -200,7 +209,7 @@ async fn build(
     me: &Requester,
     body: &Body,
     held: Option<&Snapshot>,
-    listed: Vec<sliding::ListedRoom>,
+    listed: &[sliding::ListedRoom],
     now: Token,
     moved_since: Option<HashSet<String>>,
 ) -> Result<(Value, bool, Snapshot)> {
@@ -219,7 +228,7 @@ async fn build(
     let mut facts = Facts {
         direct: list::direct_rooms(stored("m.direct")),
         ignored: crate::sync::ignored_users(stored("m.ignored_user_list")),
-        children: space_children(state, body, &listed).await?,
+        children: space_children(state, body, listed).await?,
     };
 
     // The device's to-device messages (from what it acknowledged), key
@@ -237,7 +246,7 @@ async fn build(
     )
     .await?;
 
-    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut candidates: Vec<Candidate<'_>> = Vec::new();
     for room in listed {
         let shown = match room.open.as_deref() {
             // An invite from someone ignored is never shown.
@@ -246,7 +255,7 @@ async fn build(
             // One's own leave is listed only when it is news to this client.
             None => room.sender != user || (held.is_some() && room.stream > since),
         };
-        candidates.push(Candidate { room, remote: None, listed: shown });
+        candidates.push(Candidate { room: Cow::Borrowed(room), remote: None, listed: shown });
     }
     for invite in &window.remote_invites {
         let on_line = candidates.iter().any(|c| c.room.room_id == invite.room_id);
@@ -259,7 +268,7 @@ async fn build(
         }
         let stripped: Value = serde_json::from_str(&invite.stripped_state).unwrap_or_else(|_| json!([]));
         candidates.push(Candidate {
-            room: sliding::ListedRoom {
+            room: Cow::Owned(sliding::ListedRoom {
                 room_id: invite.room_id.clone(),
                 open: None,
                 horizon: 0,
@@ -269,7 +278,7 @@ async fn build(
                 encrypted: false,
                 name: None,
                 avatar: None,
-            },
+            }),
             remote: Some((stripped, invite.membership.clone())),
             listed: true,
         });

@@ -114,7 +114,7 @@ impl Wanted<'_> {
 pub async fn build(
     ctx: &Ctx<'_>,
     view: &RoomView,
-    candidate: &Candidate,
+    candidate: &Candidate<'_>,
     config: &RoomConfig,
     held: Held<'_>,
     at: sliding::Positions,
