@@ -46,12 +46,12 @@ impl Ext {
 
     /// Whether this extension covers room `id` of `selection` (a room of
     /// one of its lists, or one of its subscriptions).
-    pub fn covers(&self, selection: &Selection, id: &str) -> bool {
+    pub fn covers(&self, selection: &Selection<'_>, id: &str) -> bool {
         if !self.enabled {
             return false;
         }
         let by_list = selection.in_lists.get(id).is_some_and(|lists| {
-            self.lists.as_ref().is_none_or(|wanted| lists.iter().any(|l| wanted.contains(l)))
+            self.lists.as_ref().is_none_or(|wanted| lists.iter().any(|l| wanted.iter().any(|w| w == l)))
         });
         let by_subscription = selection.subscribed.contains(id)
             && self.rooms.as_ref().is_none_or(|wanted| wanted.iter().any(|r| r == id));
@@ -105,10 +105,8 @@ mod tests {
             ("receipts".to_owned(), json!({ "enabled": false })),
         ]);
         let selection = Selection {
-            in_lists: [("!a".to_owned(), vec!["all".to_owned()]), ("!b".to_owned(), vec!["dms".to_owned()])]
-                .into_iter()
-                .collect(),
-            subscribed: ["!c".to_owned()].into_iter().collect(),
+            in_lists: [("!a", vec!["all"]), ("!b", vec!["dms"])].into_iter().collect(),
+            subscribed: ["!c"].into_iter().collect(),
             ..Selection::default()
         };
         let typing = Ext::of(&exts, "typing");

@@ -97,22 +97,22 @@ fn passes(c: &Candidate<'_>, f: &Filters, facts: &Facts) -> bool {
 /// lists and subscriptions merged), with the lists and subscription that
 /// hold it (for the extensions' scoping).
 #[derive(Debug, Default)]
-pub struct Selection {
+pub struct Selection<'a> {
     /// Per list: how many rooms pass its filters, and the ids in its ranges.
-    pub lists: BTreeMap<String, (usize, Vec<String>)>,
+    pub lists: BTreeMap<&'a str, (usize, Vec<&'a str>)>,
     /// The rooms to look at, with their merged configs.
-    pub rooms: BTreeMap<String, Arc<RoomConfig>>,
+    pub rooms: BTreeMap<&'a str, Arc<RoomConfig>>,
     /// Rooms by the list names that hold them.
-    pub in_lists: HashMap<String, Vec<String>>,
+    pub in_lists: HashMap<&'a str, Vec<&'a str>>,
     /// Rooms subscribed to.
-    pub subscribed: HashSet<String>,
+    pub subscribed: HashSet<&'a str>,
 }
 
 /// Gives `room` `config`, merged with the one it has already.
-fn add(rooms: &mut BTreeMap<String, Arc<RoomConfig>>, room: &str, config: &Arc<RoomConfig>) {
+fn add<'a>(rooms: &mut BTreeMap<&'a str, Arc<RoomConfig>>, room: &'a str, config: &Arc<RoomConfig>) {
     match rooms.get_mut(room) {
         None => {
-            rooms.insert(room.to_owned(), config.clone());
+            rooms.insert(room, config.clone());
         }
         Some(held) if **held == **config => {}
         Some(held) => {
@@ -123,16 +123,20 @@ fn add(rooms: &mut BTreeMap<String, Arc<RoomConfig>>, room: &str, config: &Arc<R
     }
 }
 
-/// Sorts `candidates` newest first and applies the request's lists and
-/// subscriptions.
-pub fn select(body: &Body, candidates: &mut [Candidate<'_>], facts: &Facts) -> Selection {
+/// Sorts `candidates` as the lists show them: newest first (then by id).
+pub fn sort(candidates: &mut [Candidate<'_>]) {
     candidates
         .sort_by(|a, b| b.room.stream.cmp(&a.room.stream).then_with(|| a.room.room_id.cmp(&b.room.room_id)));
+}
+
+/// Applies the request's lists and subscriptions to `candidates` (in
+/// [`sort`]'s order); the answer borrows the ids from them.
+pub fn select<'a>(body: &'a Body, candidates: &'a [Candidate<'_>], facts: &Facts) -> Selection<'a> {
     let mut out = Selection::default();
     for (name, list) in &body.lists {
-        let passing: Vec<&Candidate<'_>> =
+        let passing: Vec<&'a Candidate<'_>> =
             candidates.iter().filter(|c| c.listed && passes(c, &list.filters, facts)).collect();
-        let mut ids = Vec::new();
+        let mut ids: Vec<&'a str> = Vec::new();
         let mut seen: HashSet<&str> = HashSet::new();
         for &(start, end) in &list.ranges {
             let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else { continue };
@@ -140,8 +144,9 @@ pub fn select(body: &Body, candidates: &mut [Candidate<'_>], facts: &Facts) -> S
                 continue;
             }
             for c in &passing[start..=end.min(passing.len() - 1)] {
-                if seen.insert(c.room.room_id.as_str()) {
-                    ids.push(c.room.room_id.clone());
+                let id: &'a str = c.room.room_id.as_str();
+                if seen.insert(id) {
+                    ids.push(id);
                 }
             }
         }
@@ -149,17 +154,17 @@ pub fn select(body: &Body, candidates: &mut [Candidate<'_>], facts: &Facts) -> S
         let config = Arc::new(list.config.clone());
         for id in &ids {
             add(&mut out.rooms, id, &config);
-            out.in_lists.entry(id.clone()).or_default().push(name.clone());
+            out.in_lists.entry(*id).or_default().push(name.as_str());
         }
-        out.lists.insert(name.clone(), (passing.len(), ids));
+        out.lists.insert(name.as_str(), (passing.len(), ids));
     }
     let known: HashSet<&str> = candidates.iter().map(|c| c.room.room_id.as_str()).collect();
     for (room, config) in &body.room_subscriptions {
         // Rooms the user has no membership of (or that do not exist) are
         // left out without a word.
         if known.contains(room.as_str()) {
-            add(&mut out.rooms, room, &Arc::new(config.clone()));
-            out.subscribed.insert(room.clone());
+            add(&mut out.rooms, room.as_str(), &Arc::new(config.clone()));
+            out.subscribed.insert(room.as_str());
         }
     }
     out
@@ -215,18 +220,19 @@ mod tests {
             ]),
             ..request::Body::default()
         };
-        let got = select(&body, &mut rooms, &Facts::default());
+        sort(&mut rooms);
+        let got = select(&body, &rooms, &Facts::default());
         // Newest first; a tie goes by room id.
-        assert_eq!(got.lists["all"], (4, vec!["!b".to_owned(), "!c".to_owned()]));
-        assert_eq!(got.lists["invites"], (1, vec!["!b".to_owned()]));
-        assert_eq!(got.lists["plain"], (3, vec!["!d".to_owned(), "!a".to_owned()]));
+        assert_eq!(got.lists["all"], (4, vec!["!b", "!c"]));
+        assert_eq!(got.lists["invites"], (1, vec!["!b"]));
+        assert_eq!(got.lists["plain"], (3, vec!["!d", "!a"]));
         assert_eq!(got.rooms.len(), 4);
-        assert_eq!(got.in_lists["!b"], vec!["all".to_owned(), "invites".to_owned()]);
+        assert_eq!(got.in_lists["!b"], vec!["all", "invites"]);
     }
 
     #[test]
     fn subscriptions_name_only_rooms_of_the_user() {
-        let mut rooms = vec![room("!a", 5, Some("join"))];
+        let rooms = vec![room("!a", 5, Some("join"))];
         let config = RoomConfig { timeline_limit: 20, required_state: Vec::new() };
         let body = request::Body {
             room_subscriptions: BTreeMap::from([
@@ -235,8 +241,8 @@ mod tests {
             ]),
             ..request::Body::default()
         };
-        let got = select(&body, &mut rooms, &Facts::default());
-        assert_eq!(got.rooms.keys().collect::<Vec<_>>(), vec!["!a"]);
+        let got = select(&body, &rooms, &Facts::default());
+        assert_eq!(got.rooms.keys().copied().collect::<Vec<_>>(), vec!["!a"]);
         assert_eq!(got.rooms["!a"].timeline_limit, 20);
     }
 

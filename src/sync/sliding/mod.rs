@@ -214,6 +214,7 @@ async fn build(
     moved_since: Option<HashSet<String>>,
 ) -> Result<(Value, bool, Snapshot)> {
     let user = me.user_id.as_str();
+    let clock = Instant::now();
     let since = held.map_or(0, |h| h.stream);
     let (changed_data, personal) = account_data::changed_and_wanted(
         &state.db,
@@ -246,6 +247,7 @@ async fn build(
     )
     .await?;
 
+    let read_us = clock.elapsed().as_micros();
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
     for room in listed {
         let shown = match room.open.as_deref() {
@@ -283,16 +285,34 @@ async fn build(
             listed: true,
         });
     }
-    let selection = list::select(body, &mut candidates, &facts);
+    list::sort(&mut candidates);
+    let selection = list::select(body, &candidates, &facts);
+    let selected_us = clock.elapsed().as_micros();
     facts.children.clear();
 
     // Rooms held live with the same config need a look only when something
     // landed in them since (one probe for all).
-    let unchanged_config = |id: &str, config: &std::sync::Arc<request::RoomConfig>| {
-        held.and_then(|h| h.rooms.get(id)).is_some_and(|s| s.sent == Sent::Live && s.config == *config)
-    };
-    let live: HashSet<&str> =
-        selection.rooms.iter().filter(|(id, c)| unchanged_config(id, c)).map(|(id, _)| id.as_str()).collect();
+    // Configs are compared once per pair of shared configs (a list's rooms
+    // share one), not once per room.
+    let mut compared: Vec<(usize, usize, bool)> = Vec::new();
+    let mut live: HashSet<&str> = HashSet::new();
+    for (id, config) in &selection.rooms {
+        let Some(sent) = held.and_then(|h| h.rooms.get(*id)).filter(|s| s.sent == Sent::Live) else {
+            continue;
+        };
+        let pair = (Arc::as_ptr(&sent.config) as usize, Arc::as_ptr(config) as usize);
+        let same = match compared.iter().find(|(a, b, _)| (*a, *b) == pair) {
+            Some(&(_, _, same)) => same,
+            None => {
+                let same = sent.config == *config;
+                compared.push((pair.0, pair.1, same));
+                same
+            }
+        };
+        if same {
+            live.insert(id);
+        }
+    }
     let moved: HashSet<String> = match moved_since {
         // A woken pass: the earlier one found nothing new, so only the
         // rooms the stream log says moved since can have something.
@@ -303,12 +323,8 @@ async fn build(
             events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect()
         }
     };
-    let mut ids: Vec<&str> = selection
-        .rooms
-        .keys()
-        .map(String::as_str)
-        .filter(|id| !live.contains(id) || moved.contains(*id))
-        .collect();
+    let mut ids: Vec<&str> =
+        selection.rooms.keys().copied().filter(|id| !live.contains(id) || moved.contains(*id)).collect();
     // Bounded work per answer: past a budget of timeline events the other
     // rooms wait for the next answer (which the client asks for at once:
     // this one says there is news).
@@ -374,6 +390,7 @@ async fn build(
 
     // What the client holds once it has this answer: the rooms selected now
     // live, the others as far as they were.
+    let rooms_us = clock.elapsed().as_micros();
     let mut snapshot = Snapshot { stream: now.stream, typing: now.typing, rooms: HashMap::new() };
     if let Some(h) = held {
         for (id, sent) in &h.rooms {
@@ -386,10 +403,11 @@ async fn build(
                 .insert(id.clone(), RoomSent { sent: Sent::Until(until), config: sent.config.clone() });
         }
     }
-    for (id, config) in selection.rooms.iter().filter(|(id, _)| !deferred.contains(id.as_str())) {
-        snapshot.rooms.insert(id.clone(), RoomSent { sent: Sent::Live, config: config.clone() });
+    for (id, config) in selection.rooms.iter().filter(|(id, _)| !deferred.contains(*id)) {
+        snapshot.rooms.insert((*id).to_owned(), RoomSent { sent: Sent::Live, config: config.clone() });
     }
 
+    let snapshot_us = clock.elapsed().as_micros();
     let mut news = !rooms.is_empty() || !deferred.is_empty();
     let mut extensions = Map::new();
     if to_device.enabled {
@@ -488,7 +506,7 @@ async fn build(
         let maybe: Vec<&str> = if quiet {
             whole.keys().map(String::as_str).collect()
         } else {
-            selection.rooms.keys().map(String::as_str).collect()
+            selection.rooms.keys().copied().collect()
         };
         for id in maybe.into_iter().filter(|id| typing.covers(&selection, id)) {
             if by_id.get(id).is_none_or(|c| c.membership() != Some("join")) {
@@ -504,8 +522,19 @@ async fn build(
         extensions.insert("typing".into(), json!({ "rooms": per_room }));
     }
 
-    let lists: Map<String, Value> =
-        selection.lists.iter().map(|(name, (count, _))| (name.clone(), json!({ "count": count }))).collect();
+    tracing::debug!(
+        read_us,
+        selected_us,
+        rooms_us,
+        snapshot_us,
+        extensions_us = clock.elapsed().as_micros(),
+        "sliding sync build"
+    );
+    let lists: Map<String, Value> = selection
+        .lists
+        .iter()
+        .map(|(name, (count, _))| ((*name).to_owned(), json!({ "count": count })))
+        .collect();
     let answer = json!({ "lists": lists, "rooms": rooms, "extensions": extensions });
     Ok((answer, news, snapshot))
 }
