@@ -78,8 +78,12 @@ struct Inner {
     connections: HashMap<Key, Connection>,
     /// Each user's room list as last read, with the stream position it was
     /// read at: the next request reads again only what moved since.
-    room_lists: HashMap<String, (i64, Arc<Vec<crate::storage::sliding::ListedRoom>>)>,
+    room_lists: HashMap<String, (i64, RoomList)>,
 }
+
+/// A user's room list, shared: a room read again replaces its entry in a
+/// copy of the list of pointers, never a copy of every room.
+pub type RoomList = Arc<Vec<Arc<crate::storage::sliding::ListedRoom>>>;
 
 /// Users whose room lists are kept at most (then all are dropped at once).
 const MAX_ROOM_LISTS: usize = 10_000;
@@ -176,13 +180,13 @@ impl Connections {
     }
 
     /// `user`'s room list as last read, and the position it was read at.
-    pub fn room_list(&self, user: &str) -> Option<(i64, Arc<Vec<crate::storage::sliding::ListedRoom>>)> {
+    pub fn room_list(&self, user: &str) -> Option<(i64, RoomList)> {
         self.lock().room_lists.get(user).cloned()
     }
 
     /// Keeps `user`'s room list read at stream position `at` (unless a
     /// newer one is kept).
-    pub fn keep_room_list(&self, user: &str, at: i64, rooms: Arc<Vec<crate::storage::sliding::ListedRoom>>) {
+    pub fn keep_room_list(&self, user: &str, at: i64, rooms: RoomList) {
         let mut inner = self.lock();
         if inner.room_lists.get(user).is_some_and(|(kept, _)| *kept > at) {
             return;

@@ -84,7 +84,7 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
         let candidates = room_list(state, user, last.take(), listed_at).await?;
         state.sliding.keep_room_list(user, listed_at, candidates.clone());
         last = Some((listed_at, candidates.clone()));
-        let candidates: &[sliding::ListedRoom] = &candidates;
+        let candidates: &[Arc<sliding::ListedRoom>] = &candidates;
         // A connection without lists or subscriptions (Element X's
         // encryption one) watches no room: only what wakes the user alone
         // (to-device messages, device lists, account data) concerns it.
@@ -146,10 +146,12 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
 async fn room_list(
     state: &AppState,
     user: &str,
-    last: Option<(i64, Arc<Vec<sliding::ListedRoom>>)>,
+    last: Option<(i64, conn::RoomList)>,
     at: i64,
-) -> Result<Arc<Vec<sliding::ListedRoom>>> {
-    let whole = || async { Ok(Arc::new(sliding::rooms_of(&state.db, user, &[]).await?)) };
+) -> Result<conn::RoomList> {
+    let whole = || async {
+        Ok(Arc::new(sliding::rooms_of(&state.db, user, &[]).await?.into_iter().map(Arc::new).collect()))
+    };
     let Some((listed_at, mut rooms)) = last else { return whole().await };
     let moved = match state.streams.changes_between(user, listed_at, at) {
         Some(moved) if !moved.my_membership => moved,
@@ -164,7 +166,7 @@ async fn room_list(
     let list = Arc::make_mut(&mut rooms);
     for fresh in fresh {
         if let Some(slot) = list.iter_mut().find(|r| r.room_id == fresh.room_id) {
-            *slot = fresh;
+            *slot = Arc::new(fresh);
         }
     }
     Ok(rooms)
@@ -175,7 +177,7 @@ async fn room_list(
 async fn space_children(
     state: &AppState,
     body: &Body,
-    candidates: &[sliding::ListedRoom],
+    candidates: &[Arc<sliding::ListedRoom>],
 ) -> Result<HashMap<String, HashSet<String>>> {
     let mut out = HashMap::new();
     let spaces: HashSet<&String> =
@@ -209,7 +211,7 @@ async fn build(
     me: &Requester,
     body: &Body,
     held: Option<&Snapshot>,
-    listed: &[sliding::ListedRoom],
+    listed: &[Arc<sliding::ListedRoom>],
     now: Token,
     moved_since: Option<HashSet<String>>,
 ) -> Result<(Value, bool, Snapshot)> {
@@ -257,7 +259,7 @@ async fn build(
             // One's own leave is listed only when it is news to this client.
             None => room.sender != user || (held.is_some() && room.stream > since),
         };
-        candidates.push(Candidate { room: Cow::Borrowed(room), remote: None, listed: shown });
+        candidates.push(Candidate { room: Cow::Borrowed(&**room), remote: None, listed: shown });
     }
     for invite in &window.remote_invites {
         let on_line = candidates.iter().any(|c| c.room.room_id == invite.room_id);
