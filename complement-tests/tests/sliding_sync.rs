@@ -31,6 +31,7 @@ backend_tests!(
     others_rooms_and_rooms_left_stay_hidden,
     a_request_for_too_much_is_answered_in_parts,
     rooms_of_another_server_appear_whole,
+    a_rejected_invite_shows_only_the_own_leave,
 );
 
 const PATH: &str = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync";
@@ -714,4 +715,36 @@ async fn rooms_of_another_server_appear_whole(backend: Backend) {
         "{i}"
     );
     assert_eq!(i["initial"], true);
+}
+
+/// Someone invited who never joined and turned the invite down may see
+/// their own leave, never the room's state (as `/state` refuses them).
+async fn a_rejected_invite_shows_only_the_own_leave(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw-alice-1").await;
+    let bob = server.register("bob", "pw-bob-1").await;
+    let room =
+        create_room(&server, &alice, json!({ "preset": "private_chat", "topic": "secret plans" })).await;
+    let (status, _) = server
+        .post(&room_path(&room, "/invite"), Some(&alice.token), json!({ "user_id": bob.user_id }))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200);
+    state(&server, &alice, &room, "m.room.topic", "", json!({ "topic": "newer plans" })).await;
+    let (status, _) = server.get(&room_path(&room, "/state"), Some(&bob.token)).await;
+    assert_eq!(status, 403, "/state refuses him");
+    let sub =
+        json!({ "room_subscriptions": { &room: { "timeline_limit": 10, "required_state": [["*", "*"]] } } });
+    let answer = ss_ok(&server, &bob, None, 0, sub).await;
+    let r = &answer["rooms"][&room];
+    let kinds: Vec<(&str, &str)> = r["required_state"]
+        .as_array()
+        .expect("required_state")
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["state_key"].as_str().unwrap()))
+        .collect();
+    assert_eq!(kinds, vec![("m.room.member", bob.user_id.as_str())], "{r}");
+    assert_eq!(state_of(r, "m.room.member", &bob.user_id).unwrap()["content"]["membership"], "leave");
+    assert!(r.get("name").is_none() && !r.to_string().contains("plans"), "{r}");
 }

@@ -364,8 +364,9 @@ pub async fn format_event(
     Ok(out.pop().unwrap_or_default())
 }
 
-/// The seq as of which a user may see the room's state (see [`visible_state`]).
-fn state_horizon(view: &RoomView, access: &Access) -> Result<i64> {
+/// The seq as of which a user may see the room's state (see
+/// [`visible_state`]); 403 for one who may see none of it.
+pub fn state_horizon(view: &RoomView, access: &Access) -> Result<i64> {
     let last = view.room.last_seq;
     if access.joined() {
         Ok(last)

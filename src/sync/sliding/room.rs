@@ -162,6 +162,20 @@ pub async fn build(
         // last stay.
         access.stays.iter().filter_map(|r| r.max_seq).max().unwrap_or(candidate.room.horizon)
     };
+    // The state the user may see ends where every read says it does
+    // (`read::state_horizon`): now while joined, at the end of the last stay
+    // after a leave; one never joined (an invite turned down, a knock
+    // refused) sees only their own membership.
+    let (state_end, own_only) = match read::state_horizon(view, &access) {
+        _ if joined => (end, false),
+        Ok(horizon) => (horizon.min(end), false),
+        Err(_) => (end, true),
+    };
+    let own = |s: &events::StoredEvent| {
+        crate::room::pdu::Pdu::from_stored(&s.event_id, &s.json).is_ok_and(|p| {
+            p.kind.to_string() == "m.room.member" && p.state_key.as_deref() == Some(me.user_id.as_str())
+        })
+    };
     let since_seq = match (since_stream, held.sent.map(|s| &s.sent)) {
         (Some(_), Some(Sent::Live)) => at.since.min(end),
         (Some(s), _) => events::seq_at_stream(&state.db, room_id, s).await?.min(end),
@@ -195,11 +209,14 @@ pub async fn build(
     }
     // What changed in the state since the client's position (names,
     // avatars and members are resent on a change).
-    let changed = if initial || since_seq >= end {
+    let mut changed = if initial || since_seq >= state_end {
         Vec::new()
     } else {
-        events::state_changed_between(&state.db, room_id, since_seq, end).await?
+        events::state_changed_between(&state.db, room_id, since_seq, state_end).await?
     };
+    if own_only {
+        changed.retain(|s| own(s));
+    }
     // A room never sent takes its receipts apart (those of its timeline):
     // only the read marks are read here.
     let (receipts_changed, marks) = match since_stream {
@@ -228,7 +245,20 @@ pub async fn build(
     lazy.sort_unstable();
     lazy.dedup();
     let wanted = Wanted { pairs: &config.required_state, me: me.user_id.as_str(), lazy };
-    let required = required_state(ctx, view, &access, &wanted, end, initial || state_grew, &changed).await?;
+    let required = if own_only {
+        // Their own member event, if asked for and whatever it says.
+        let mine = events::members_at(&state.db, room_id, &[me.user_id.as_str()], end).await?;
+        let mut out = Vec::new();
+        for stored in mine.into_iter().filter(|s| own(s)) {
+            let loaded = read::load(state, stored).await?;
+            if wanted.matches("m.room.member", me.user_id.as_str()) {
+                out.push(read::format(view, &loaded, me, &access.history));
+            }
+        }
+        out
+    } else {
+        required_state(ctx, view, &access, &wanted, state_end, initial || state_grew, &changed).await?
+    };
 
     let mut names = Map::new();
     let changed_kinds: Vec<(String, String)> = changed
@@ -236,7 +266,9 @@ pub async fn build(
         .filter_map(|s| crate::room::pdu::Pdu::from_stored(&s.event_id, &s.json).ok())
         .map(|p| (p.kind.to_string(), p.state_key.unwrap_or_default()))
         .collect();
-    let moved = |kind: &str| initial || changed_kinds.iter().any(|(k, key)| k == kind && key.is_empty());
+    let moved = |kind: &str| {
+        !own_only && (initial || changed_kinds.iter().any(|(k, key)| k == kind && key.is_empty()))
+    };
     // The name and avatar now come with the room list; a room left is
     // read at the leave.
     let at_head = joined;
@@ -244,7 +276,7 @@ pub async fn build(
         let name = if at_head {
             candidate.room.name.clone()
         } else {
-            state_content(state, room_id, "m.room.name", end)
+            state_content(state, room_id, "m.room.name", state_end)
                 .await?
                 .and_then(|c| c["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned))
         };
@@ -256,7 +288,7 @@ pub async fn build(
         let avatar = if at_head {
             candidate.room.avatar.clone()
         } else {
-            state_content(state, room_id, "m.room.avatar", end)
+            state_content(state, room_id, "m.room.avatar", state_end)
                 .await?
                 .and_then(|c| c["url"].as_str().filter(|u| !u.is_empty()).map(str::to_owned))
         };
