@@ -121,13 +121,13 @@ pub struct KeyCache {
 type StoredKeys = Arc<Vec<server_keys::StoredKey>>;
 
 impl KeyCache {
-    fn get(&self, server: &ServerName) -> Option<Arc<Vec<server_keys::StoredKey>>> {
+    fn get(&self, server: &ServerName) -> Option<StoredKeys> {
         let servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (read_at, keys) = servers.get(server)?;
         (read_at.elapsed() < std::time::Duration::from_millis(CACHED_KEYS_MS)).then(|| keys.clone())
     }
 
-    fn put(&self, server: &ServerName, keys: Arc<Vec<server_keys::StoredKey>>) {
+    fn put(&self, server: &ServerName, keys: StoredKeys) {
         let mut servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if servers.len() >= MAX_CACHED_SERVERS {
             servers.clear();
@@ -142,11 +142,7 @@ impl KeyCache {
 
 /// The stored keys of `server`, from memory when read lately (`fresh`:
 /// read from the database in any case).
-async fn stored_keys(
-    state: &AppState,
-    server: &ServerName,
-    fresh: bool,
-) -> Result<Arc<Vec<server_keys::StoredKey>>> {
+async fn stored_keys(state: &AppState, server: &ServerName, fresh: bool) -> Result<StoredKeys> {
     if !fresh && let Some(keys) = state.server_keys.get(server) {
         return Ok(keys);
     }

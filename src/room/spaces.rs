@@ -129,6 +129,12 @@ async fn links(state: &AppState, room_id: &str, suggested_only: bool) -> Result<
     Ok(ordered(links, suggested_only))
 }
 
+/// The rooms a local space names as its children (valid `m.space.child`
+/// links, with servers to reach them), in the spec's order.
+pub async fn children(state: &AppState, space_id: &str) -> Result<Vec<String>> {
+    Ok(links(state, space_id, false).await?.into_iter().map(|l| l.child).collect())
+}
+
 /// The room's `allow` list of room ids (restricted join rules).
 fn allowed_rooms(join_rules: &Value) -> Vec<String> {
     join_rules["content"]["allow"]

@@ -777,31 +777,7 @@ async fn joined_room(
     let (changed, marks) =
         receipts::changed_and_read_up_to(&state.db, room_id, since.stream, now.stream, me.user_id.as_str())
             .await?;
-    // One user may hold receipts of one type at one event in several threads
-    // (unthreaded and threaded, say): a receipt event holds one per (event,
-    // type, user), so the others go in further events (matrix-spec#1727).
-    let mut contents: Vec<Map<String, Value>> = Vec::new();
-    for r in changed {
-        if r.receipt_type == "m.read.private" && r.user_id != me.user_id.as_str() {
-            continue;
-        }
-        let mut receipt = json!({ "ts": r.ts });
-        if !r.thread_id.is_empty() {
-            receipt["thread_id"] = json!(r.thread_id);
-        }
-        let free = |c: &Map<String, Value>| {
-            c.get(&r.event_id).is_none_or(|e| e[&r.receipt_type].get(&r.user_id).is_none())
-        };
-        let i = match contents.iter().position(free) {
-            Some(i) => i,
-            None => {
-                contents.push(Map::new());
-                contents.len() - 1
-            }
-        };
-        let entry = contents[i].entry(r.event_id.clone()).or_insert_with(|| json!({}));
-        entry[&r.receipt_type][&r.user_id] = receipt;
-    }
+    let contents = receipt_contents(&changed, me.user_id.as_str());
     for content in contents {
         ephemeral.push(json!({ "type": "m.receipt", "content": content }));
     }
@@ -878,6 +854,37 @@ async fn left_room(
     });
     room[state_key] = json!({ "events": state_events });
     Ok(room)
+}
+
+/// Receipts as the contents of `m.receipt` events, others' private ones
+/// left out (only `me` sees their own). One user may hold receipts of one
+/// type at one event in several threads (unthreaded and threaded, say): an
+/// event's content holds one per (event, type, user), so the others go in
+/// further contents (matrix-spec#1727).
+pub(crate) fn receipt_contents(receipts: &[receipts::Receipt], me: &str) -> Vec<Map<String, Value>> {
+    let mut contents: Vec<Map<String, Value>> = Vec::new();
+    for r in receipts {
+        if r.receipt_type == "m.read.private" && r.user_id != me {
+            continue;
+        }
+        let mut receipt = json!({ "ts": r.ts });
+        if !r.thread_id.is_empty() {
+            receipt["thread_id"] = json!(r.thread_id);
+        }
+        let free = |c: &Map<String, Value>| {
+            c.get(&r.event_id).is_none_or(|e| e[&r.receipt_type].get(&r.user_id).is_none())
+        };
+        let i = match contents.iter().position(free) {
+            Some(i) => i,
+            None => {
+                contents.push(Map::new());
+                contents.len() - 1
+            }
+        };
+        let entry = contents[i].entry(r.event_id.clone()).or_insert_with(|| json!({}));
+        entry[&r.receipt_type][&r.user_id] = receipt;
+    }
+    contents
 }
 
 /// The users ignored per the stored `m.ignored_user_list` content.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::list::Selection;
 use crate::storage::receipts::Receipt;
@@ -74,23 +74,13 @@ impl Ext {
     }
 }
 
-/// A room's receipts as one `m.receipt` event's content; the private
-/// receipts of others are left out. (One user's receipts of one type at one
-/// event in two threads keep the last: clients read one per user here.)
+/// A room's receipts as one `m.receipt` event, by the rule `/sync` uses
+/// ([`crate::sync::receipt_contents`]: others' private receipts left out);
+/// the extension has room for one event per room, so a user's further
+/// receipt of one type at one event in another thread is left out.
 pub fn receipt_event(receipts: &[Receipt], me: &str) -> Option<Value> {
-    let mut content = Map::new();
-    for r in receipts {
-        if r.receipt_type == "m.read.private" && r.user_id != me {
-            continue;
-        }
-        let mut receipt = json!({ "ts": r.ts });
-        if !r.thread_id.is_empty() {
-            receipt["thread_id"] = json!(r.thread_id);
-        }
-        let entry = content.entry(r.event_id.clone()).or_insert_with(|| json!({}));
-        entry[&r.receipt_type][&r.user_id] = receipt;
-    }
-    (!content.is_empty()).then(|| json!({ "type": "m.receipt", "content": content }))
+    let content = crate::sync::receipt_contents(receipts, me).into_iter().next()?;
+    Some(json!({ "type": "m.receipt", "content": content }))
 }
 
 #[cfg(test)]

@@ -173,7 +173,7 @@ async fn room_list(
 }
 
 /// The spaces a `spaces` filter names that the user is joined to, with the
-/// rooms each names as children (an `m.space.child` with a `via`).
+/// rooms each names as children (`room::spaces::children`).
 async fn space_children(
     state: &AppState,
     body: &Body,
@@ -187,18 +187,8 @@ async fn space_children(
         if !joined {
             continue;
         }
-        let mut children = HashSet::new();
-        for stored in events::current_state_of_type(&state.db, space, "m.space.child").await? {
-            let Ok(pdu) = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json) else {
-                continue;
-            };
-            let content: Value = pdu.content_as().unwrap_or_default();
-            if content["via"].as_array().is_some_and(|v| !v.is_empty())
-                && let Some(key) = pdu.state_key
-            {
-                children.insert(key);
-            }
-        }
+        let children: HashSet<String> =
+            crate::room::spaces::children(state, space).await?.into_iter().collect();
         out.insert(space.clone(), children);
     }
     Ok(out)
