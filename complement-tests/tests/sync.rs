@@ -21,6 +21,7 @@ backend_tests!(
     leave_shows_the_room_under_leave_up_to_the_leave,
     include_leave_brings_back_older_leaves_on_initial_sync,
     rejected_invite_appears_under_leave,
+    a_rejected_invite_brings_only_the_own_membership_as_state,
     forgotten_room_disappears_even_with_include_leave,
     join_leave_join_in_one_window_is_a_join_without_the_gap,
     timeline_limit_from_inline_and_stored_filters,
@@ -564,6 +565,53 @@ async fn rejected_invite_appears_under_leave(backend: Backend) {
     assert_no_rooms(&body);
     let body = sync(&server, &carol, "").await;
     assert_no_rooms(&body);
+}
+
+/// One who never joined (an invite turned down) gets under `leave` no more
+/// of the room's state than `/state` gives them (403: none): only their own
+/// membership, whether state comes as `state` or `state_after`, in an
+/// incremental sync or an initial one with `include_leave`.
+async fn a_rejected_invite_brings_only_the_own_membership_as_state(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let dave = server.register("dave", "pw").await;
+    let carol = server.register("carol", "pw").await;
+    let room =
+        create_room(&server, &alice, json!({ "preset": "private_chat", "topic": "secret plans" })).await;
+    invite(&server, &alice, &room, &dave).await;
+    join(&server, &dave, &room).await;
+    invite(&server, &alice, &room, &carol).await;
+    let first = sync(&server, &carol, "").await;
+    room_in(&first, "invite", &room);
+    set_state(&server, &alice, &room, "m.room.topic", "", json!({ "topic": "plans while carol waits" }))
+        .await;
+    leave(&server, &carol, &room).await;
+    let (status, _) = server.get(&room_path(&room, "/state"), Some(&carol.token)).await;
+    assert_eq!(status, 403, "/state refuses her");
+
+    let include_leave = filter_param(&json!({ "room": { "include_leave": true } }));
+    let queries = [
+        since(&next_batch(&first)),
+        format!("{}&use_state_after=true", since(&next_batch(&first))),
+        include_leave.clone(),
+        format!("{include_leave}&use_state_after=true"),
+    ];
+    for query in queries {
+        let body = sync(&server, &carol, &query).await;
+        let left = room_in(&body, "leave", &room);
+        let field = if query.contains("use_state_after") { "state_after" } else { "state" };
+        let keys: Vec<(String, String)> = state_map(events(&left[field])).into_keys().collect();
+        let own = key("m.room.member", &carol.user_id);
+        assert!(keys.iter().all(|k| *k == own), "{query}: {left}");
+        let text = left.to_string();
+        assert!(!text.contains("plans") && !text.contains(&dave.user_id), "{query}: {left}");
+        let last =
+            timeline(left).last().unwrap_or_else(|| panic!("{query}: no leave in the timeline: {body}"));
+        assert_eq!(
+            (last["state_key"].as_str(), last["content"]["membership"].as_str()),
+            (Some(carol.user_id.as_str()), Some("leave"))
+        );
+    }
 }
 
 async fn forgotten_room_disappears_even_with_include_leave(backend: Backend) {

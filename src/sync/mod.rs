@@ -836,14 +836,20 @@ async fn left_room(
     let start = timeline_events.first().map_or(end + 1, |e| e.stored.seq);
     let initial_like = req.since.is_none() || req.full_state;
     let changed_after = if initial_like { None } else { Some(Changed { after: since_seq, read: true }) };
-    let (state_key, state_events) = if let Some(field) = req.state_after {
-        (field, state_section(state, me, req, view, access, end, changed_after, &timeline_events).await?)
-    } else {
-        (
-            "state",
-            state_section(state, me, req, view, access, start - 1, changed_after, &timeline_events).await?,
-        )
+    // The state goes no further than every read lets it (`read::state_horizon`,
+    // the rule of `/state`): the end of the last stay after a leave; one who
+    // never joined (an invite turned down, a knock refused) gets only their
+    // own membership.
+    let horizon = read::state_horizon(view, access).ok();
+    let (state_key, at) = match req.state_after {
+        Some(field) => (field, end),
+        None => ("state", start - 1),
     };
+    let at = horizon.map_or(at, |h| at.min(h));
+    let mut state_events = state_section(state, me, req, view, access, at, changed_after, &timeline_events).await?;
+    if horizon.is_none() {
+        state_events.retain(|e| e["type"] == "m.room.member" && e["state_key"] == me.user_id.as_str());
+    }
     let mut room = json!({
         "timeline": {
             "events": format_events(state, view, &timeline_events, me, access).await?,
