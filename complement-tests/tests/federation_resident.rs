@@ -32,6 +32,7 @@ backend_tests!(
     v2_event_ids_must_be_signed_by_the_server_they_name,
     erased_users_events_go_to_other_servers_redacted,
     a_remote_depth_cannot_break_local_writes,
+    a_remote_timestamp_cannot_age_out_a_rooms_history,
     remote_events_are_authorised_where_they_stand,
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
@@ -934,6 +935,66 @@ async fn a_remote_depth_cannot_break_local_writes(backend: Backend) {
     // The order is seqline's: the deep message sits where it arrived.
     let page = seqline_messages(&a, &alice, &room).await;
     assert_eq!(message_bodies(&page), ["from the deep", "after", "restarted"], "{page}");
+}
+
+/// `origin_server_ts` is the sender's word too: a remote member dating a new
+/// message just young enough for the room's `max_lifetime` must not make it
+/// look like the room's oldest young event (which would lift the room's
+/// floor over all its history, for good). (A date far in the future fails
+/// the check of the signing key at the event's time.)
+async fn a_remote_timestamp_cannot_age_out_a_rooms_history(backend: Backend) {
+    const DAY: i64 = 86_400_000;
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let retention = room_path(&room, "/state/m.room.retention/");
+    let (status, body) =
+        a.server.put(&retention, Some(&alice.token), json!({ "max_lifetime": 30 * DAY })).await;
+    assert_eq!(status, 200, "{body}");
+    for (txn, body) in [("r1", "first words"), ("r2", "second words")] {
+        let (status, sent) = a
+            .server
+            .put(&room_path(&room, &format!("/send/m.room.message/{txn}")), Some(&alice.token), text(body))
+            .await;
+        assert_eq!(status, 200, "{sent}");
+    }
+    let acting = Acting::new(&a, &b);
+    let (join_id, _, answer) = acting.join(&room, &bob).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let mut prev = join_id.clone();
+    for (i, (ts, body)) in
+        [(now_ms() - 30 * DAY + 3_600_000, "dated a month back"), (now_ms() + 3_600_000, "dated an hour on")]
+            .into_iter()
+            .enumerate()
+    {
+        let mut pdu = json!({
+            "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": body },
+            "prev_events": [prev], "auth_events": [create_id, power_id, join_id],
+            "depth": 100 + i, "origin_server_ts": ts,
+        });
+        let id = acting.sign(&mut pdu);
+        let (status, results) = acting.send_txn(&format!("ts{i}"), &[&pdu]).await;
+        assert_eq!(status, 200, "{results}");
+        assert_eq!(results["pdus"], json!({ id.clone(): {} }), "{results}");
+        prev = id;
+    }
+    drop(acting);
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/r3"), Some(&alice.token), text("third words"))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let want = ["first words", "second words", "dated a month back", "dated an hour on", "third words"];
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(message_bodies(&page), want, "{page}");
+    // The floor, once moved, stays: read again after a restart.
+    let mut a = a;
+    a.server.restart().await;
+    let page = seqline_messages(&a, &alice, &room).await;
+    assert_eq!(message_bodies(&page), want, "{page}");
 }
 
 /// The spec's checks 4 and 5 on a received PDU, not only the current state:

@@ -133,6 +133,8 @@ const ROWS_PER_INSERT: usize = 64;
 /// [`insert_row`] for many events at once (a backfill batch), a few
 /// statements in all rather than some per event.
 pub async fn insert_rows(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> Result<()> {
+    let filed = filed_timestamps(conn, rows).await?;
+    let mut filed = filed.into_iter();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         let sql = super::values_sql(
             "INSERT INTO events (room_id, seq, stream, event_id, event_type, state_key, sender, origin_server_ts, json, txn_device_id, txn_id)",
@@ -149,7 +151,7 @@ pub async fn insert_rows(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> Res
                 .bind(e.event_type)
                 .bind(e.state_key)
                 .bind(e.sender)
-                .bind(e.origin_server_ts)
+                .bind(filed.next().unwrap_or(e.origin_server_ts))
                 .bind(e.json)
                 .bind(e.txn.map(|t| t.0))
                 .bind(e.txn.map(|t| t.1));
@@ -163,6 +165,56 @@ pub async fn insert_rows(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> Res
         }
     }
     super::search::index_many(conn, rows).await
+}
+
+/// The times `rows` are filed under (`events.origin_server_ts`, by which
+/// [`first_seq_since`] finds the oldest event a room's retention keeps): each
+/// event's own `origin_server_ts`, the sender's word, kept between its
+/// neighbours' on the seq line and never later than now. So the column never
+/// falls along the line: a remote sender dating a new event just young
+/// enough cannot make it look like the room's oldest young event (which
+/// would lift the room's floor over all its history), nor a date ahead keep
+/// what follows from ageing. The PDU keeps the time it was signed with.
+async fn filed_timestamps(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> Result<Vec<i64>> {
+    let now = super::now_ms();
+    let mut filed: Vec<i64> = rows.iter().map(|e| e.origin_server_ts.min(now)).collect();
+    let mut by_room: std::collections::BTreeMap<&str, Vec<usize>> = std::collections::BTreeMap::new();
+    for (i, e) in rows.iter().enumerate() {
+        by_room.entry(e.room_id).or_default().push(i);
+    }
+    for (room_id, mut indices) in by_room {
+        indices.sort_by_key(|&i| rows[i].seq);
+        let (Some(&first), Some(&last)) = (indices.first(), indices.last()) else { continue };
+        let neighbour = |order: &'static str| {
+            let cmp = if order == "DESC" { "<" } else { ">" };
+            format!(
+                "SELECT origin_server_ts FROM events WHERE room_id = $1 AND seq {cmp} $2 ORDER BY seq {order} LIMIT 1"
+            )
+        };
+        let below: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(neighbour("DESC")))
+            .bind(room_id)
+            .bind(rows[first].seq)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let above: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(neighbour("ASC")))
+            .bind(room_id)
+            .bind(rows[last].seq)
+            .fetch_optional(&mut *conn)
+            .await?;
+        // Downwards no later than what lies above, then upwards no earlier
+        // than what lies below.
+        let mut cap = above.unwrap_or(now).min(now);
+        for &i in indices.iter().rev() {
+            filed[i] = filed[i].min(cap);
+            cap = filed[i];
+        }
+        let mut least = below.unwrap_or(i64::MIN);
+        for &i in &indices {
+            filed[i] = filed[i].max(least);
+            least = filed[i];
+        }
+    }
+    Ok(filed)
 }
 
 /// The event id `room_state` holds for a key a state resolution left
