@@ -71,6 +71,8 @@ pub struct Services {
     pub sliding: crate::sync::sliding::conn::Connections,
     /// Backfills under way, and events no server could give.
     pub backfills: crate::federation::backfill::Backfills,
+    /// One received transaction at a time per sending server.
+    pub inbound_turns: crate::federation::incoming::InboundTurns,
     /// Users deactivated with `erase: true` (loaded at start, added to on
     /// erasure): their events are served redacted to those who were not
     /// joined when they were sent.
@@ -118,6 +120,7 @@ impl AppState {
             federation_sender: crate::federation::sender::Sender::default(),
             sliding: crate::sync::sliding::conn::Connections::new(),
             backfills: crate::federation::backfill::Backfills::default(),
+            inbound_turns: crate::federation::incoming::InboundTurns::default(),
             erased: std::sync::RwLock::default(),
         }))
     }

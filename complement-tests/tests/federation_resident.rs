@@ -33,6 +33,7 @@ backend_tests!(
     erased_users_events_go_to_other_servers_redacted,
     a_remote_depth_cannot_break_local_writes,
     a_remote_timestamp_cannot_age_out_a_rooms_history,
+    a_transaction_over_two_rooms_is_taken_once_in_order,
     remote_events_are_authorised_where_they_stand,
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
@@ -995,6 +996,57 @@ async fn a_remote_timestamp_cannot_age_out_a_rooms_history(backend: Backend) {
     a.server.restart().await;
     let page = seqline_messages(&a, &alice, &room).await;
     assert_eq!(message_bodies(&page), want, "{page}");
+}
+
+/// One transaction carrying PDUs of two rooms: each room's are placed in
+/// their order (the rooms are taken side by side), each PDU answered. The
+/// same transaction sent twice at once (a sender retrying a slow one) is
+/// taken once: both answers alike, every event stored once.
+async fn a_transaction_over_two_rooms_is_taken_once_in_order(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let acting = Acting::new(&a, &b);
+    let mut rooms = Vec::new();
+    for _ in 0..2 {
+        let room =
+            create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+        let (join_id, _, answer) = acting.join(&room, &bob).await;
+        let auth = [
+            state_id(&answer["state"], "m.room.create", ""),
+            state_id(&answer["state"], "m.room.power_levels", ""),
+            join_id.clone(),
+        ];
+        rooms.push((room, join_id, auth));
+    }
+    let mut pdus = Vec::new();
+    let mut ids: Vec<String> = Vec::new();
+    for n in 0..3 {
+        for (r, (room, join_id, auth)) in rooms.iter().enumerate() {
+            let prev = if n == 0 { join_id.clone() } else { ids[ids.len() - 2].clone() };
+            let mut pdu = json!({
+                "type": "m.room.message", "room_id": room, "sender": bob,
+                "content": { "msgtype": "m.text", "body": format!("room {r} message {n}") },
+                "prev_events": [prev], "auth_events": auth, "depth": 10 + n, "origin_server_ts": now_ms(),
+            });
+            ids.push(acting.sign(&mut pdu));
+            pdus.push(pdu);
+        }
+    }
+    let refs: Vec<&Value> = pdus.iter().collect();
+    let (first, second) =
+        tokio::join!(acting.send_txn("two-rooms", &refs), acting.send_txn("two-rooms", &refs));
+    let all_taken: Value =
+        ids.iter().map(|id| (id.clone(), json!({}))).collect::<serde_json::Map<_, _>>().into();
+    for (status, results) in [first, second] {
+        assert_eq!(status, 200, "{results}");
+        assert_eq!(results["pdus"], all_taken, "{results}");
+    }
+    for (r, (room, _, _)) in rooms.iter().enumerate() {
+        let page = seqline_messages(&a, &alice, room).await;
+        let want: Vec<String> = (0..3).map(|n| format!("room {r} message {n}")).collect();
+        assert_eq!(message_bodies(&page), want, "{page}");
+    }
 }
 
 /// The spec's checks 4 and 5 on a received PDU, not only the current state:

@@ -8,6 +8,7 @@
 //! (`/send`) are answered per PDU and remembered, so a retry changes nothing.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
 use ruma::room_version_rules::RoomVersionRules;
@@ -400,12 +401,53 @@ fn parents_first(batch: Vec<Pdu>) -> Vec<Pdu> {
     order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
+/// Whose turn it is to have a transaction taken, per sending server: one at
+/// a time each (Synapse too takes one at a time per origin), so a retry
+/// that arrives while the first try still runs waits and gets its answer
+/// instead of running beside it, and one server never has more than one
+/// transaction's fetches going.
+#[derive(Debug, Default)]
+pub struct InboundTurns {
+    turns: std::sync::Mutex<std::collections::HashMap<ruma::OwnedServerName, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A server's turn, held while its transaction is taken.
+pub struct Turn<'a> {
+    turns: &'a InboundTurns,
+    origin: ruma::OwnedServerName,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl InboundTurns {
+    /// Waits for `origin`'s turn.
+    pub async fn take(&self, origin: &ServerName) -> Turn<'_> {
+        let lock = {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            turns.entry(origin.to_owned()).or_default().clone()
+        };
+        let guard = lock.lock_owned().await;
+        Turn { turns: self, origin: origin.to_owned(), guard: Some(guard) }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Forgotten once no one holds or waits for it.
+        let mut turns = self.turns.turns.lock().unwrap_or_else(|e| e.into_inner());
+        if turns.get(&self.origin).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            turns.remove(&self.origin);
+        }
+    }
+}
+
 /// The answer to one transaction: per PDU, `{}` or `{"error": ...}`.
 pub type PduResults = BTreeMap<OwnedEventId, std::result::Result<(), String>>;
 
-/// Handles `PUT /send/{txnId}` from `origin`: a transaction seen before gets
-/// the answer it got then; otherwise its to-device and key EDUs are taken,
-/// each PDU in order, then the room's EDUs (`edus::receive`, each on its
+/// Handles `PUT /send/{txnId}` from `origin`, one of its transactions at a
+/// time: a transaction seen before gets the answer it got then; otherwise
+/// its to-device and key EDUs are taken, the PDUs of each room in order
+/// (rooms side by side), then the room's EDUs (`edus::receive`, each on its
 /// own, see `edus::before_pdus`), and the answer is remembered.
 pub async fn transaction(
     state: &AppState,
@@ -419,6 +461,9 @@ pub async fn transaction(
             "A transaction holds at most {MAX_PDUS} PDUs and {MAX_EDUS} EDUs"
         )));
     }
+    // One transaction of a server at a time (a retry sent while the first
+    // try still runs waits for it, then gets its answer).
+    let _turn = state.inbound_turns.take(origin).await;
     if let Some(saved) = store::inbound_txn(&state.db, origin.as_str(), txn_id).await? {
         let saved: BTreeMap<OwnedEventId, Option<String>> =
             serde_json::from_str(&saved).map_err(|e| Error::Internal(format!("saved transaction: {e}")))?;
@@ -427,19 +472,47 @@ pub async fn transaction(
     let (early, late): (Vec<&RawJsonValue>, Vec<&RawJsonValue>) =
         edus.iter().copied().partition(|raw| super::edus::before_pdus(raw));
     super::edus::receive(state, origin, &early).await;
-    let mut results = PduResults::new();
+    // Each room's PDUs in their order, the rooms side by side: a room whose
+    // events need fetching does not hold up the others.
+    let mut by_room: Vec<(Option<OwnedRoomId>, Vec<Box<RawJsonValue>>)> = Vec::new();
     for raw in pdus {
-        let (id, result) = receive_pdu(state, origin, raw).await;
-        if let Err(e) = &result {
-            tracing::info!(%origin, event_id = ?id, "refused a PDU: {e}");
-            if e.taints_transaction() {
-                // Our failure, not the event's: the sender retries the transaction.
-                return Err(Error::Internal(format!("cannot take the transaction: {e}")));
+        let room = room_of(raw);
+        match by_room.iter_mut().find(|(r, _)| *r == room && room.is_some()) {
+            Some((_, group)) => group.push(raw.clone()),
+            None => by_room.push((room, vec![raw.clone()])),
+        }
+    }
+    let mut rooms = tokio::task::JoinSet::new();
+    for (_, group) in by_room {
+        let (state, origin) = (state.clone(), origin.to_owned());
+        rooms.spawn(async move {
+            let mut answers = Vec::with_capacity(group.len());
+            for raw in &group {
+                answers.push(receive_pdu(&state, &origin, raw).await);
+            }
+            answers
+        });
+    }
+    let mut results = PduResults::new();
+    let mut tainted = None;
+    while let Some(answers) = rooms.join_next().await {
+        let answers = answers.map_err(|e| Error::Internal(format!("a room's PDUs were not taken: {e}")))?;
+        for (id, result) in answers {
+            if let Err(e) = &result {
+                tracing::info!(%origin, event_id = ?id, "refused a PDU: {e}");
+                if e.taints_transaction() {
+                    tainted = Some(e.to_string());
+                }
+            }
+            if let Some(id) = id {
+                results.insert(id, result.map_err(|e| e.to_string()));
             }
         }
-        if let Some(id) = id {
-            results.insert(id, result.map_err(|e| e.to_string()));
-        }
+    }
+    if let Some(e) = tainted {
+        // Our failure, not the event's: the sender retries the transaction
+        // (what was placed is placed once; the retry finds it).
+        return Err(Error::Internal(format!("cannot take the transaction: {e}")));
     }
     super::edus::receive(state, origin, &late).await;
     let saved: BTreeMap<&OwnedEventId, Option<&String>> =
