@@ -34,6 +34,7 @@ backend_tests!(
     a_remote_depth_cannot_break_local_writes,
     a_remote_timestamp_cannot_age_out_a_rooms_history,
     a_transaction_over_two_rooms_is_taken_once_in_order,
+    a_local_event_names_at_most_ten_prev_events,
     remote_events_are_authorised_where_they_stand,
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
@@ -1049,6 +1050,58 @@ async fn a_transaction_over_two_rooms_is_taken_once_in_order(backend: Backend) {
     }
 }
 
+/// A room forked fifteen ways (a remote member sending each message after
+/// the same old event): the next local event points at ten of the forward
+/// extremities, the newest (the spec allows twenty; Synapse takes ten), and
+/// the one after it at that event and the five forks left over.
+async fn a_local_event_names_at_most_ten_prev_events(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let acting = Acting::new(&a, &b);
+    let (join_id, _, answer) = acting.join(&room, &bob).await;
+    let auth = [
+        state_id(&answer["state"], "m.room.create", ""),
+        state_id(&answer["state"], "m.room.power_levels", ""),
+        join_id.clone(),
+    ];
+    let mut forks = Vec::new();
+    for n in 0..15 {
+        let mut pdu = json!({
+            "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": format!("fork {n}") },
+            "prev_events": [join_id], "auth_events": auth, "depth": 10, "origin_server_ts": now_ms(),
+        });
+        let id = acting.sign(&mut pdu);
+        let (status, results) = acting.send_txn(&format!("fork{n}"), &[&pdu]).await;
+        assert_eq!(status, 200, "{results}");
+        assert_eq!(results["pdus"], json!({ id.clone(): {} }), "{results}");
+        forks.push(id);
+    }
+    let (status, sent) =
+        a.server.put(&room_path(&room, "/send/m.room.message/m1"), Some(&alice.token), text("merge")).await;
+    assert_eq!(status, 200, "{sent}");
+    let merge = event_id_of(&sent);
+    let served = served_event(&a, &b, &merge).await;
+    let mut prevs: Vec<String> =
+        served["prev_events"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_owned()).collect();
+    prevs.sort();
+    let mut newest: Vec<String> = forks[5..].to_vec();
+    newest.sort();
+    assert_eq!(prevs, newest, "{served}");
+    let (status, sent) =
+        a.server.put(&room_path(&room, "/send/m.room.message/m2"), Some(&alice.token), text("after")).await;
+    assert_eq!(status, 200, "{sent}");
+    let after = served_event(&a, &b, &event_id_of(&sent)).await;
+    let mut prevs: Vec<String> =
+        after["prev_events"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_owned()).collect();
+    prevs.sort();
+    let mut rest: Vec<String> = forks[..5].iter().cloned().chain([merge]).collect();
+    rest.sort();
+    assert_eq!(prevs, rest, "{after}");
+}
+
 /// The spec's checks 4 and 5 on a received PDU, not only the current state:
 /// an event with no prev events (only a create event may have none), a
 /// second create event, an event whose own auth events do not let its
@@ -1121,6 +1174,11 @@ async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
 
 /// The depth of event `id` on `server` as `asking` reads it over federation.
 async fn depth_of(server: &FedServer, asking: &FedServer, id: &str) -> i64 {
+    served_event(server, asking, id).await["depth"].as_i64().unwrap()
+}
+
+/// Event `id` as `server` serves it to `asking` over federation.
+async fn served_event(server: &FedServer, asking: &FedServer, id: &str) -> Value {
     let uri = format!("/_matrix/federation/v1/event/{}", enc(id));
     let auth = complement_tests::federation::x_matrix(
         &asking.name,
@@ -1132,7 +1190,7 @@ async fn depth_of(server: &FedServer, asking: &FedServer, id: &str) -> i64 {
     );
     let (status, body) = server.send("GET", &uri, Some(auth), None).await;
     assert_eq!(status, 200, "{body}");
-    body["pdus"][0]["depth"].as_i64().unwrap()
+    body["pdus"][0].clone()
 }
 
 /// A room on A (v11, `shared`) with B's bob joined through make_join and
