@@ -562,9 +562,33 @@ async fn a_kick_in_a_hole_ends_the_stay_where_it_was(backend: Backend) {
         fake.answer("GET", &path, 200, pdus_answer(&fake, &[event]));
     }
 
+    let sync = |user: &User, since: Option<String>| {
+        let query = since.map_or(String::new(), |s| format!("&since={}", enc(&s)));
+        let path = format!("{V3}/sync?timeout=0{query}");
+        let token = user.token.clone();
+        let server = &seq.server;
+        async move {
+            let (status, body) = server.get(&path, Some(&token)).await;
+            assert_eq!(status, 200, "{body}");
+            body
+        }
+    };
+    let bob_since = sync(&bob, None).await["next_batch"].as_str().map(str::to_owned);
     let (status, results) = fake.send_txn(&seq, "after-outage", &[&top]).await;
     assert_eq!((status, &results["pdus"][&top_id]), (200, &json!({})), "{results}");
     assert!(joined_rooms(&seq, &alice).await.is_empty());
+    // Bob's next sync: the kick lies in the hole, in no timeline he is sent,
+    // yet alice's membership moved; the state section says so.
+    let body = sync(&bob, bob_since).await;
+    let joined = &body["rooms"]["join"][&r];
+    let kicked = joined["state"]["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(joined["timeline"]["events"].as_array().into_iter().flatten())
+        .find(|e| e["type"] == "m.room.member" && e["state_key"] == alice.user_id.as_str());
+    assert_eq!(kicked.map(|e| &e["event_id"]), Some(&json!(kick_id)), "{body}");
+    assert_eq!(kicked.map(|e| &e["content"]["membership"]), Some(&json!("leave")), "{body}");
     let (got, _) =
         seq.server.get(&room_path(&r, &format!("/event/{}", enc(&top_id))), Some(&alice.token)).await;
     assert_eq!(got, 404, "the event after the hole is past her stay");

@@ -731,6 +731,24 @@ pub async fn state_changed_between(db: &Db, room_id: &str, after: i64, at: i64) 
     Ok(rows.into_iter().filter_map(from_run_row).collect())
 }
 
+/// The positions in `after+1..=at` where the room's state moved by more
+/// than the event placed there: an event placed across a hole (with the
+/// state its sender gave) or a merge whose state resolution changed other
+/// keys. No event of the timeline says what changed there.
+pub async fn moved_apart(db: &Db, room_id: &str, after: i64, at: i64) -> Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT r.seq FROM state_runs r LEFT JOIN events e ON e.room_id = r.room_id AND e.seq = r.seq \
+         WHERE r.room_id = $1 AND r.seq > $2 AND r.seq <= $3 \
+           AND (r.event_id IS NULL OR e.event_id IS NULL OR r.event_id <> e.event_id) \
+         ORDER BY r.seq",
+    )
+    .bind(room_id)
+    .bind(after)
+    .bind(at)
+    .fetch_all(&mut db.reader())
+    .await?)
+}
+
 /// The SQL of the readers whose plans tests look at (the state readers, the
 /// unread candidates), apart from their callers.
 pub(super) mod sql {

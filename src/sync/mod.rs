@@ -753,21 +753,38 @@ async fn joined_room(
     let Seqs { since: since_seq, now: now_seq, state_moved } = seqs;
     let initial = req.since.is_none();
     let room_id = view.room.room_id.as_str();
-    let (timeline_events, limited) = timeline(state, view, access, since_seq, now_seq, &req.filter).await?;
+    let (mut timeline_events, mut limited) =
+        timeline(state, view, access, since_seq, now_seq, &req.filter).await?;
     // A join since `since` gets the room whole, as on an initial sync.
     let joined_at =
         access.stays.iter().filter(|r| r.kind == "join" && r.max_seq.is_none()).map(|r| r.min_seq).max();
     let newly_joined = !initial && joined_at.is_some_and(|j| j > since_seq);
     let everything = initial || req.full_state || newly_joined;
+    // `state` is the state before the timeline, and the timeline's events
+    // then say what changed. Where the state moved by more than an event
+    // within the timeline's stretch (an event placed across a hole, a merge
+    // that resolution changed), no event would say so: the timeline starts
+    // there instead (limited), with the state as of that position.
+    let mut cut = None;
+    if let (None, Some(first), Some(last)) =
+        (req.state_after, timeline_events.first(), timeline_events.last())
+        && (everything || state_moved)
+    {
+        let (first, last) = (first.stored.seq, last.stored.seq);
+        if let Some(&at) = events::moved_apart(&state.db, room_id, first - 1, last).await?.last() {
+            let before = timeline_events.len();
+            timeline_events.retain(|e| e.stored.seq >= at);
+            limited |= timeline_events.len() < before;
+            cut = Some(at);
+        }
+    }
     let start = timeline_events.first().map_or(now_seq + 1, |e| e.stored.seq);
     let changed_after = if everything { None } else { Some(Changed { after: since_seq, read: state_moved }) };
     let (state_key, state_events) = if let Some(field) = req.state_after {
         (field, state_section(state, me, req, view, access, now_seq, changed_after, &timeline_events).await?)
     } else {
-        (
-            "state",
-            state_section(state, me, req, view, access, start - 1, changed_after, &timeline_events).await?,
-        )
+        let at = cut.map_or(start - 1, |at| at.max(start - 1));
+        ("state", state_section(state, me, req, view, access, at, changed_after, &timeline_events).await?)
     };
 
     let mut ephemeral = Vec::new();
