@@ -21,8 +21,12 @@ use serde_json::value::RawValue as RawJsonValue;
 use crate::error::{Error, Result};
 use crate::signing_key::ServerKey;
 
-/// The largest PDU the spec allows, in bytes of canonical JSON.
-pub const MAX_PDU_BYTES: usize = 65_536;
+/// The largest PDU taken or built here, in bytes of canonical JSON
+/// (signatures included). The spec allows 65,536; ruma's format check, ours
+/// and that of every ruma-based server, refuses more than 65,535, so an
+/// event of exactly 65,536 bytes would be refused elsewhere: one byte less
+/// keeps every event of ours acceptable to every server.
+pub const MAX_PDU_BYTES: usize = 65_535;
 
 /// The deepest an event may be (2^53 - 1, the canonical JSON integer bound).
 /// Depth is the sender's hint: a remote event may claim this much, and the
@@ -597,6 +601,45 @@ mod tests {
         };
         let err = build(&rules, "domain".try_into().unwrap(), &key, &draft, placement).unwrap_err();
         assert!(matches!(err, Error::TooLarge(_)), "{err:?}");
+    }
+
+    /// Near the limit, whatever is built passes ruma's format check (which
+    /// every ruma-based server runs on what it receives), and what would
+    /// not is refused here first.
+    #[test]
+    fn every_event_built_passes_the_format_check_of_other_servers() {
+        let key = spec_key();
+        let rules = ruma::RoomVersionId::V11.rules().unwrap();
+        let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
+        let (mut built, mut refused) = (0, 0);
+        for len in 64_600..65_560 {
+            let draft = Draft {
+                kind: "m.room.message".into(),
+                state_key: None,
+                content: canonical_content(json!({ "body": "x".repeat(len) })).unwrap(),
+                sender: "@a:domain".try_into().unwrap(),
+                redacts: None,
+            };
+            let placement = Placement {
+                room_id: Some(&room_id),
+                prev_events: vec![],
+                auth_events: vec![],
+                reference_hashes: HashMap::new(),
+                depth: 1,
+                origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1u32)),
+            };
+            match build(&rules, "domain".try_into().unwrap(), &key, &draft, placement) {
+                Ok(pdu) => {
+                    let object: CanonicalJsonObject = serde_json::from_str(&pdu.to_json_string()).unwrap();
+                    ruma::state_res::check_pdu_format(&object, &rules.event_format)
+                        .unwrap_or_else(|e| panic!("a {len}-byte body: {e}"));
+                    built += 1;
+                }
+                Err(Error::TooLarge(_)) => refused += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert!(built > 0 && refused > 0, "{built} built, {refused} refused");
     }
 
     #[test]
