@@ -1160,7 +1160,7 @@ async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
     let built_id = acting.sign(&mut built);
     let (status, results) = acting.send_txn("where2", &[&honest, &built]).await;
     assert_eq!(status, 200, "{results}");
-    assert_eq!(results["pdus"], json!({ honest_id: {}, built_id: {} }), "{results}\n{}", a.server.log());
+    assert_eq!(results["pdus"], json!({ honest_id: {}, built_id.clone(): {} }), "{results}\n{}", a.server.log());
     let page = seqline_messages(&a, &alice, &room).await;
     assert_eq!(message_bodies(&page), ["before bob", "honest", "built on a rejected one"], "{page}");
     let (status, sent) =
@@ -1170,6 +1170,11 @@ async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
         a.server.get(&room_path(&room, "/state/m.room.create/"), Some(&alice.token)).await;
     assert_eq!(status, 200, "{create_now}");
     assert!(create_now.get("forged").is_none(), "{create_now}");
+    // A rejected event is kept (what is built on it needs it) but never
+    // served to another server; the event built on it is.
+    let (status, body) = ask_event(&a, &b, &unjoined_id).await;
+    assert_eq!((status, body["errcode"].as_str()), (404, Some("M_NOT_FOUND")), "{body}");
+    assert_eq!(served_event(&a, &b, &built_id).await["content"]["body"], "built on a rejected one");
 }
 
 /// The depth of event `id` on `server` as `asking` reads it over federation.
@@ -1179,6 +1184,13 @@ async fn depth_of(server: &FedServer, asking: &FedServer, id: &str) -> i64 {
 
 /// Event `id` as `server` serves it to `asking` over federation.
 async fn served_event(server: &FedServer, asking: &FedServer, id: &str) -> Value {
+    let (status, body) = ask_event(server, asking, id).await;
+    assert_eq!(status, 200, "{body}");
+    body["pdus"][0].clone()
+}
+
+/// `server`'s answer to `asking`'s `/event/{id}`.
+async fn ask_event(server: &FedServer, asking: &FedServer, id: &str) -> (u16, Value) {
     let uri = format!("/_matrix/federation/v1/event/{}", enc(id));
     let auth = complement_tests::federation::x_matrix(
         &asking.name,
@@ -1188,9 +1200,7 @@ async fn served_event(server: &FedServer, asking: &FedServer, id: &str) -> Value
         &uri,
         None,
     );
-    let (status, body) = server.send("GET", &uri, Some(auth), None).await;
-    assert_eq!(status, 200, "{body}");
-    body["pdus"][0].clone()
+    server.send("GET", &uri, Some(auth), None).await
 }
 
 /// A room on A (v11, `shared`) with B's bob joined through make_join and

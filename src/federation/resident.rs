@@ -333,10 +333,23 @@ pub async fn event(state: &AppState, server: &ServerName, event_id: &EventId) ->
                 .ok_or_else(not_found)?;
             let room_id = RoomId::parse(&held.room_id).map_err(|e| Error::Internal(e.to_string()))?;
             let view = open_room(state, &room_id).await?;
-            read::server_access(state, &view, server).await?;
+            let readable = read::server_access(state, &view, server).await?;
+            // An event kept off the line: a rejected one is not served (as
+            // Synapse does not); a soft-failed one is, read as of where it
+            // came (whole where the server may read there, else redacted).
+            // Other held events (auth chains, state) go whole.
+            let off_line = {
+                let mut conn = state.db.read_conn().await?;
+                crate::storage::outliers::off_line(conn.conn(), event_id.as_str()).await?
+            };
+            let (seq, readable) = match off_line {
+                Some(kept) if kept.rejected => return Err(not_found()),
+                Some(kept) => (kept.base_seq, readable),
+                None => (0, SeqRanges(vec![(0, 0)])),
+            };
             let stored = StoredEvent {
                 room_id: held.room_id,
-                seq: 0,
+                seq,
                 event_id: held.event_id,
                 json: held.json,
                 redacted_by: None,
@@ -344,8 +357,7 @@ pub async fn event(state: &AppState, server: &ServerName, event_id: &EventId) ->
                 txn_id: None,
                 has_children: None,
             };
-            let whole = SeqRanges(vec![(0, 0)]);
-            return as_served(state, &view, &whole, &stored);
+            return as_served(state, &view, &readable, &stored);
         }
     };
     let room_id = RoomId::parse(&stored.room_id).map_err(|e| Error::Internal(e.to_string()))?;
