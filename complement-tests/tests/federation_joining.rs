@@ -19,6 +19,7 @@ backend_tests!(
     a_departed_remote_user_reads_nothing_after_leaving,
     queued_events_reach_a_server_that_was_down,
     a_long_outage_is_caught_up_across_a_hole,
+    a_room_rejoined_after_a_time_away_has_its_hole_filled,
     every_acknowledged_event_survives_a_kill,
     a_synapse_moderator_kicks_and_bans_a_seqline_user,
 );
@@ -396,6 +397,49 @@ async fn a_long_outage_is_caught_up_across_a_hole(backend: Backend) {
         (seqline_bodies(&a, &alice, &room).await.last().map(String::as_str) == Some("bob back")).then_some(())
     })
     .await;
+}
+
+/// B's only member of A's room leaves, A's alice says more while B is
+/// away, bob joins again: what was said meanwhile is a hole in B's line
+/// below the rejoin (B never heard of it). The room is `shared`, so bob may
+/// read it: paging back fills the hole from A, in A's order, and B's
+/// history goes on below it as before.
+async fn a_room_rejoined_after_a_time_away_has_its_hole_filled(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.server.register("bob", "pw").await;
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "12" })).await;
+    say(&a, &alice, &room, "a1", "before").await;
+    join_remote(&b, &bob, &room, &a).await;
+    say(&b, &bob, &room, "b1", "bob was here").await;
+    eventually("bob's message on A", || async {
+        seqline_bodies(&a, &alice, &room).await.contains(&"bob was here".to_owned()).then_some(())
+    })
+    .await;
+    let (status, body) = b.server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let bob_id = b.user_id("bob");
+    eventually("bob's leave on A", || async {
+        let (_, members) = a.server.get(&room_path(&room, "/joined_members"), Some(&alice.token)).await;
+        (!members["joined"].as_object().unwrap().contains_key(&bob_id)).then_some(())
+    })
+    .await;
+    let away: Vec<String> = (1..=6).map(|i| format!("while away {i}")).collect();
+    for (i, body) in away.iter().enumerate() {
+        say(&a, &alice, &room, &format!("w{i}"), body).await;
+    }
+    join_remote(&b, &bob, &room, &a).await;
+    say(&a, &alice, &room, "a2", "welcome back").await;
+    let mut want = vec!["before".to_owned(), "bob was here".to_owned()];
+    want.extend(away.iter().cloned());
+    want.push("welcome back".to_owned());
+    let bodies = eventually("the rejoined room read whole on B", || async {
+        let bodies = seqline_bodies(&b, &bob, &room).await;
+        (bodies.last().map(String::as_str) == Some("welcome back")).then_some(bodies)
+    })
+    .await;
+    assert_eq!(bodies, want, "{}", b.server.log());
+    assert_eq!(seqline_bodies(&a, &alice, &room).await, want);
 }
 
 /// Kill -9, of the sender and then of the receiver, while messages are

@@ -218,16 +218,19 @@ async fn fetch(
             Err(e) => tracing::info!(%server, "backfill: dropped an event: {e}"),
         }
     }
-    let order = below_order(&got, missing);
-    // Events placed already (one that came through /send, say) stay where they are.
-    let ids: Vec<&str> = order.iter().map(|id| id.as_str()).collect();
+    // Events placed already (one that came through /send, say) stay where
+    // they are, and the walk down from `missing` stops at them: what lies
+    // below one of them (a hole's answer reaching past the hole into our
+    // line, our line's own older history) belongs below it, not here.
+    let ids: Vec<&str> = got.keys().map(|id| id.as_str()).collect();
     let placed: HashSet<String> = outliers::held_by_ids(&state.db, &ids)
         .await?
         .into_iter()
         .filter(|h| h.seq.is_some())
         .map(|h| h.event_id)
         .collect();
-    let order: Vec<OwnedEventId> = order.into_iter().filter(|id| !placed.contains(id.as_str())).collect();
+    got.retain(|id, _| !placed.contains(id.as_str()));
+    let order = below_order(&got, missing);
     if order.is_empty() {
         return Ok(None);
     }

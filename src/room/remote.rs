@@ -126,6 +126,20 @@ pub async fn store_joined_room(state: &AppState, user: &UserId, joined: &JoinedR
     // Everyone in the room may now share one with us for the first time.
     let ours = state.settings.server_name.as_str();
     remote_devices::members_moved(tx.conn(), room, &[user.to_string()], ours).await?;
+    if existing.is_some() {
+        // What was said while we were away lies between our line and the
+        // join: a hole below it, filled by backfill when someone pages into
+        // it (`room::hole`), as one an outage leaves.
+        let mut missing = Vec::new();
+        for prev in &join.prev_events {
+            if events::by_id_tx(tx.conn(), prev.as_str()).await?.is_none() {
+                missing.push(prev.as_str());
+            }
+        }
+        if !missing.is_empty() {
+            storage::backfill::add_gap(tx.conn(), room, seq, join.event_id.as_str(), &missing).await?;
+        }
+    }
     let depth = crate::room::pdu::stored_depth(join.depth);
     rooms::set_head(tx.conn(), room, seq, &[join.event_id.to_string()], depth, true).await?;
     tx.commit().await?;
