@@ -276,6 +276,17 @@ async fn join_remote(server: &FedServer, user: &User, room: &str, via: &FedServe
     assert_eq!(status, 200, "{body}\n{}", server.server.log());
 }
 
+/// `user` of `server` leaves `room`, and `host` (read by `reader`) has it.
+async fn leave_remote(server: &FedServer, user: &User, room: &str, host: &FedServer, reader: &User) {
+    let (status, body) = server.server.post(&room_path(room, "/leave"), Some(&user.token), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the leave on the host", || async {
+        let (_, members) = host.server.get(&room_path(room, "/joined_members"), Some(&reader.token)).await;
+        (!members["joined"].as_object().unwrap().contains_key(&user.user_id)).then_some(())
+    })
+    .await;
+}
+
 /// Two seqline servers: bob and carol of B join a room of A; after bob
 /// leaves, what A's alice says reaches carol and never bob (sync, messages,
 /// event).
@@ -296,14 +307,7 @@ async fn a_departed_remote_user_reads_nothing_after_leaving(backend: Backend) {
     assert_eq!(seqline_bodies(&b, &bob, &room).await, ["one", "two"]);
 
     let before_leave = sync_once(&b.server, &bob, None).await["next_batch"].as_str().unwrap().to_owned();
-    let (status, body) = b.server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
-    assert_eq!(status, 200, "{body}");
-    let bob_id = b.user_id("bob");
-    eventually("bob's leave on A", || async {
-        let (_, members) = a.server.get(&room_path(&room, "/joined_members"), Some(&alice.token)).await;
-        (!members["joined"].as_object().unwrap().contains_key(&bob_id)).then_some(())
-    })
-    .await;
+    leave_remote(&b, &bob, &room, &a, &alice).await;
     let three = say(&a, &alice, &room, "a3", "three").await;
     eventually("'three' reaches carol", || async {
         (seqline_bodies(&b, &carol, &room).await == ["one", "two", "three"]).then_some(())
@@ -416,14 +420,7 @@ async fn a_room_rejoined_after_a_time_away_has_its_hole_filled(backend: Backend)
         seqline_bodies(&a, &alice, &room).await.contains(&"bob was here".to_owned()).then_some(())
     })
     .await;
-    let (status, body) = b.server.post(&room_path(&room, "/leave"), Some(&bob.token), json!({})).await;
-    assert_eq!(status, 200, "{body}");
-    let bob_id = b.user_id("bob");
-    eventually("bob's leave on A", || async {
-        let (_, members) = a.server.get(&room_path(&room, "/joined_members"), Some(&alice.token)).await;
-        (!members["joined"].as_object().unwrap().contains_key(&bob_id)).then_some(())
-    })
-    .await;
+    leave_remote(&b, &bob, &room, &a, &alice).await;
     let away: Vec<String> = (1..=6).map(|i| format!("while away {i}")).collect();
     for (i, body) in away.iter().enumerate() {
         say(&a, &alice, &room, &format!("w{i}"), body).await;
