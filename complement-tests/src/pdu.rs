@@ -45,6 +45,7 @@ pub fn redact(pdu: &Value) -> Value {
         "m.room.member" => &["membership", "join_authorised_via_users_server"],
         "m.room.join_rules" => &["join_rule", "allow"],
         "m.room.history_visibility" => &["history_visibility"],
+        "m.room.redaction" => &["redacts"],
         "m.room.power_levels" => &[
             "ban",
             "events",

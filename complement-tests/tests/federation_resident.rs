@@ -35,6 +35,7 @@ backend_tests!(
     a_remote_timestamp_cannot_age_out_a_rooms_history,
     a_transaction_over_two_rooms_is_taken_once_in_order,
     a_local_event_names_at_most_ten_prev_events,
+    a_server_may_redact_its_own_users_events_only,
     remote_events_are_authorised_where_they_stand,
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
@@ -1100,6 +1101,78 @@ async fn a_local_event_names_at_most_ten_prev_events(backend: Backend) {
     let mut rest: Vec<String> = forks[..5].iter().cloned().chain([merge]).collect();
     rest.sort();
     assert_eq!(prevs, rest, "{after}");
+}
+
+/// Redactions another server sends: one by a user of that server without
+/// the `redact` level takes effect on what another user of the same server
+/// sent (the server speaks for its own users, as the spec says and Synapse
+/// does), never on a local user's event; and a local user without the
+/// level may not redact another local user's event.
+async fn a_server_may_redact_its_own_users_events_only(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let alice = a.server.register("alice", "pw").await;
+    let dave = a.server.register("dave", "pw").await;
+    let (bob, carol) = (b.user_id("bob"), b.user_id("carol"));
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    join_locally(&a.server, &dave, &room).await;
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room, "/send/m.room.message/x1"), Some(&alice.token), text("alice's words"))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let alices = event_id_of(&sent);
+    let acting = Acting::new(&a, &b);
+    let (bob_join, _, answer) = acting.join(&room, &bob).await;
+    let (carol_join, _, _) = acting.join(&room, &carol).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let mut bobs = json!({
+        "type": "m.room.message", "room_id": room, "sender": bob,
+        "content": { "msgtype": "m.text", "body": "bob's words" },
+        "prev_events": [carol_join], "auth_events": [create_id, power_id, bob_join], "depth": 20,
+        "origin_server_ts": now_ms(),
+    });
+    let bobs_id = acting.sign(&mut bobs);
+    let redaction = |target: &str, prev: &str, depth: i64| {
+        json!({
+            "type": "m.room.redaction", "room_id": room, "sender": carol,
+            "content": { "redacts": target },
+            "prev_events": [prev], "auth_events": [create_id, power_id, carol_join], "depth": depth,
+            "origin_server_ts": now_ms(),
+        })
+    };
+    let mut of_bob = redaction(&bobs_id, &bobs_id, 21);
+    let of_bob_id = acting.sign(&mut of_bob);
+    let mut of_alice = redaction(&alices, &of_bob_id, 22);
+    let of_alice_id = acting.sign(&mut of_alice);
+    let (status, results) = acting.send_txn("redactions", &[&bobs, &of_bob, &of_alice]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"][&bobs_id], json!({}), "{results}");
+    assert_eq!(results["pdus"][&of_bob_id], json!({}), "{results}");
+    // Kept without effect (soft-failed): answered as taken.
+    assert_eq!(results["pdus"][&of_alice_id], json!({}), "{results}");
+
+    let event = |id: String| {
+        let server = &a.server;
+        let token = alice.token.clone();
+        let room = room.clone();
+        async move {
+            let (status, body) =
+                server.get(&room_path(&room, &format!("/event/{}", enc(&id))), Some(&token)).await;
+            assert_eq!(status, 200, "{body}");
+            body
+        }
+    };
+    let bobs_now = event(bobs_id.clone()).await;
+    assert_eq!(bobs_now["content"], json!({}), "carol's server speaks for bob: {bobs_now}");
+    assert_eq!(bobs_now["unsigned"]["redacted_because"]["event_id"], of_bob_id.as_str(), "{bobs_now}");
+    let alices_now = event(alices.clone()).await;
+    assert_eq!(alices_now["content"]["body"], "alice's words", "{alices_now}");
+    // Locally the rule stays the room's: dave (power 0) may not redact alice's.
+    let path = room_path(&room, &format!("/redact/{}/r1", enc(&alices)));
+    let (status, body) = a.server.put(&path, Some(&dave.token), json!({})).await;
+    assert_eq!((status, body["errcode"].as_str()), (403, Some("M_FORBIDDEN")), "{body}");
+    assert_eq!(event(alices).await["content"]["body"], "alice's words");
 }
 
 /// The spec's checks 4 and 5 on a received PDU, not only the current state:

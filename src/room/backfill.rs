@@ -296,5 +296,6 @@ fn check_redaction(
         return false;
     };
     let target_room = target.room_id.as_ref().map_or(room, |r| r.as_str());
-    super::redaction::check(redaction, room, target, target_room, &power).is_ok()
+    // Backfilled events are other servers'.
+    super::redaction::check(redaction, room, target, target_room, &power, true).is_ok()
 }

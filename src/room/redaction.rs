@@ -5,7 +5,10 @@
 //! The auth rules (room version 3+) let anyone who may send
 //! `m.room.redaction` send one; whether it takes effect is decided here: the
 //! target must be an event of the same room, and the redaction's sender must
-//! have sent it or have the room's `redact` level.
+//! have sent it or have the room's `redact` level; a redaction another server
+//! sends may also redact what a user of that same server sent (the spec's
+//! rule: the server speaks for its own users; Synapse applies it too), never
+//! a local one's request for another local user's event.
 
 use ruma::OwnedEventId;
 use ruma::events::room::power_levels::RoomPowerLevels;
@@ -36,13 +39,15 @@ pub fn target(rules: &RoomVersionRules, pdu: &Pdu) -> Result<Option<OwnedEventId
 /// an unknown one (the answer must not tell which event ids exist in rooms
 /// the sender may not see; `/redact`, which can ask what the caller reads,
 /// says 400 for another room's event they can see), 403 when the sender
-/// neither sent it nor has the `redact` level.
+/// neither sent it nor has the `redact` level. `remote`: the redaction came
+/// from another server, which may redact its own users' events.
 pub fn check(
     redaction: &Pdu,
     room_id: &str,
     target: &Pdu,
     target_room: &str,
     power: &RoomPowerLevels,
+    remote: bool,
 ) -> Result<()> {
     if target_room != room_id {
         return Err(Error::NotFound("The event to redact is not known in this room".into()));
@@ -51,6 +56,7 @@ pub fn check(
         power.user_can_redact_own_event(&redaction.sender)
     } else {
         power.user_can_redact_event_of_other(&redaction.sender)
+            || (remote && redaction.sender.server_name() == target.sender.server_name())
     };
     if allowed { Ok(()) } else { Err(Error::Forbidden("You may not redact this event".into())) }
 }

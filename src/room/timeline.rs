@@ -660,7 +660,8 @@ impl RoomWriter {
         for (redaction_id, _, json) in waiting {
             let redaction = Pdu::from_stored(&redaction_id, &json)?;
             let power = self.power_levels().await?;
-            if super::redaction::check(&redaction, &room, target, &room, &power).is_ok() {
+            // Only another server's redaction waits for its target.
+            if super::redaction::check(&redaction, &room, target, &room, &power, true).is_ok() {
                 events::set_redacted_by(self.tx.conn(), target.event_id.as_str(), &redaction_id).await?;
                 crate::storage::relations::delete(self.tx.conn(), target.event_id.as_str()).await?;
             }
@@ -686,7 +687,14 @@ impl RoomWriter {
         };
         let target_pdu = Pdu::from_stored(&stored.event_id, &stored.json)?;
         let power = self.power_levels().await?;
-        Ok(super::redaction::check(redaction, self.room_id.as_str(), &target_pdu, &stored.room_id, &power))
+        Ok(super::redaction::check(
+            redaction,
+            self.room_id.as_str(),
+            &target_pdu,
+            &stored.room_id,
+            &power,
+            remote,
+        ))
     }
 
     /// Whether `sender` may change read-control state (see
