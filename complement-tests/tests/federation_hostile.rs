@@ -26,6 +26,7 @@ backend_tests!(
     a_hole_nobody_can_fill_is_not_asked_about_again_and_again,
     a_hole_in_the_middle_is_filled_when_someone_pages_into_it,
     a_kick_in_a_hole_ends_the_stay_where_it_was,
+    an_event_by_send_and_by_backfill_is_stored_once,
 );
 
 const MAKE_JOIN: &str = "/_matrix/federation/v1/make_join/";
@@ -416,6 +417,33 @@ async fn all_bodies(seq: &FedServer, user: &User, room: &str, dir: &str) -> Vec<
         from = format!("&from={}", enc(end));
     }
     panic!("more than 20 pages: {bodies:?}");
+}
+
+/// The same event by two roads: mallory's message from before alice's join
+/// is pushed late through /send (placed where it arrives), then comes again
+/// in the /backfill answer when alice pages back past her join. It is
+/// stored once, where it was placed first, and alice reads it once.
+async fn an_event_by_send_and_by_backfill_is_stored_once(backend: Backend) {
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let (room, before_alice, state_ids) = joined_with_history(&seq, &fake, &alice).await;
+    let r = room.room_id.clone();
+    let id = pdu::event_id(&before_alice);
+    fake.answer(
+        "GET",
+        &format!("/_matrix/federation/v1/state_ids/{r}"),
+        200,
+        json!({ "pdu_ids": state_ids, "auth_chain_ids": state_ids }),
+    );
+    let (status, results) = fake.send_txn(&seq, "late", &[&before_alice]).await;
+    assert_eq!((status, &results["pdus"][&id]), (200, &json!({})), "{results}");
+    let bodies = all_bodies(&seq, &alice, &r, "b").await;
+    assert!(!fake.requests_to(&format!("/_matrix/federation/v1/backfill/{r}")).is_empty(), "paged back to A");
+    assert_eq!(bodies, ["before alice"], "{}", seq.server.log());
+    assert_eq!(all_bodies(&seq, &alice, &r, "f").await, ["before alice"]);
+    let (status, event) =
+        seq.server.get(&room_path(&r, &format!("/event/{}", enc(&id))), Some(&alice.token)).await;
+    assert_eq!((status, event["content"]["body"].as_str()), (200, Some("before alice")), "{event}");
 }
 
 /// Scripts `fake`'s /backfill in `room` to give, for `v` = one of `events`,
