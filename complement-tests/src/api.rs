@@ -142,3 +142,68 @@ pub async fn joined_member_ids(
     members.sort_unstable();
     members
 }
+
+/// Every read of `room`'s timeline `user` has, checked against each other:
+/// `/messages` backwards to the start and forwards from it give the same
+/// events in the same order; `/event` gives each of them; `/context` of each
+/// finds it between the same neighbours; an initial `/sync` (joined or
+/// left) ends with the same events. Answers the events' ids in order, for
+/// the caller to assert what they hold.
+pub async fn reads_agree(
+    server: &crate::harness::Server,
+    user: &crate::harness::User,
+    room: &str,
+) -> Vec<String> {
+    let page_all = |dir: &'static str| async move {
+        let mut ids: Vec<String> = Vec::new();
+        let mut from = String::new();
+        for _ in 0..50 {
+            let path = room_path(room, &format!("/messages?dir={dir}&limit=20{from}"));
+            let (status, page) = server.get(&path, Some(&user.token)).await;
+            assert_eq!(status, 200, "{page}");
+            ids.extend(
+                page["chunk"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| e["event_id"].as_str().unwrap_or_default().to_owned()),
+            );
+            let Some(end) = page["end"].as_str() else { return ids };
+            from = format!("&from={}", enc(end));
+        }
+        panic!("more than 50 pages of {room}");
+    };
+    let mut backwards = page_all("b").await;
+    backwards.reverse();
+    let forwards = page_all("f").await;
+    assert_eq!(forwards, backwards, "/messages forwards and backwards differ for {}", user.user_id);
+    for (i, id) in forwards.iter().enumerate() {
+        let (status, event) =
+            server.get(&room_path(room, &format!("/event/{}", enc(id))), Some(&user.token)).await;
+        assert_eq!((status, event["event_id"].as_str()), (200, Some(id.as_str())), "/event {id}: {event}");
+        let (status, context) =
+            server.get(&room_path(room, &format!("/context/{}?limit=2", enc(id))), Some(&user.token)).await;
+        assert_eq!(status, 200, "/context {id}: {context}");
+        assert_eq!(context["event"]["event_id"], id.as_str(), "{context}");
+        let before = context["events_before"][0]["event_id"].as_str();
+        let after = context["events_after"][0]["event_id"].as_str();
+        let want_before = i.checked_sub(1).map(|j| forwards[j].as_str());
+        assert_eq!(
+            (before, after),
+            (want_before, forwards.get(i + 1).map(String::as_str)),
+            "/context {id}: {context}"
+        );
+    }
+    let body = sync_once(server, user, None).await;
+    let synced = ["join", "leave"].iter().find_map(|kind| body["rooms"][kind].get(room));
+    if let Some(synced) = synced {
+        let tail: Vec<String> = synced["timeline"]["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| e["event_id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert!(forwards.ends_with(&tail), "/sync's timeline {tail:?} is not the end of {forwards:?}");
+    }
+    forwards
+}

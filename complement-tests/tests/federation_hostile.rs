@@ -7,7 +7,7 @@
 //! the user join, hear the host and read the history.
 
 use complement_tests::api::{
-    V3, assert_error, create_room, enc, event_id_of, join, room_path, sync_once, text,
+    V3, assert_error, create_room, enc, event_id_of, join, reads_agree, room_path, sync_once, text,
 };
 use complement_tests::backend_tests;
 use complement_tests::fake::{FakeRoom, FakeServer, Received};
@@ -636,4 +636,7 @@ async fn a_kick_in_a_hole_ends_the_stay_where_it_was(backend: Backend) {
     let (got, _) =
         seq.server.get(&room_path(&r, &format!("/event/{}", enc(&top_id))), Some(&alice.token)).await;
     assert_eq!(got, 404, "the event after the hole is past her stay");
+    for user in [&alice, &bob] {
+        reads_agree(&seq.server, user, &r).await;
+    }
 }

@@ -10,7 +10,7 @@ use base64::engine::general_purpose::STANDARD_NO_PAD;
 use complement_tests::acting::Acting;
 use complement_tests::api::{
     V3, assert_error, create_room, deactivate, enc, event_id_of, eventually, join as join_locally,
-    message_bodies, room_path, text,
+    message_bodies, reads_agree, room_path, text,
 };
 use complement_tests::backend_tests;
 use complement_tests::federation::{FedServer, now_ms};
@@ -1382,6 +1382,7 @@ async fn concurrent_state_resolves_by_the_rules(backend: Backend) {
         a.server.put(&room_path(&room, "/send/m.room.message/r1"), Some(&alice.token), text("merged")).await;
     assert_eq!(status, 200, "{sent}");
     assert_eq!(topic_now(&a, &alice, &room).await, "three");
+    reads_agree(&a.server, &alice, &room).await;
 }
 
 /// Carol (ours) joins a public room while bob (B, power 50) makes it
@@ -1449,6 +1450,9 @@ async fn a_join_undone_by_resolution_ends_the_stay(backend: Backend) {
     let page = seqline_messages(&a, &carol, &room).await;
     assert_eq!(message_bodies(&page), ["before carol", "carol here"], "{page}");
     assert!(!page.to_string().contains(&invite_only_id), "{page}");
+    for user in [&alice, &carol] {
+        reads_agree(&a.server, user, &room).await;
+    }
 }
 
 /// Bob (B) answers on a branch that forked before carol joined: under
@@ -1520,6 +1524,9 @@ async fn a_branch_from_before_a_join_stays_hidden_under_joined(backend: Backend)
         let timeline = synced["rooms"]["join"][&room]["timeline"].to_string();
         assert_eq!(timeline.contains("from the branch"), visibility == "shared", "{visibility}: {synced}");
         assert!(timeline.contains("merged"), "{synced}");
+        for user in [&alice, &carol] {
+            reads_agree(&a.server, user, &room).await;
+        }
     }
 }
 
@@ -1605,4 +1612,6 @@ async fn soft_failed_events_are_kept_and_never_shown(backend: Backend) {
     let (status, kept) = acting.call("GET", &uri, None).await;
     assert_eq!(status, 200, "{kept}");
     assert_eq!(kept["pdus"][0]["content"]["body"], "did not hear of the ban", "{kept}");
+    let read = reads_agree(&a.server, &alice, &room).await;
+    assert!(!read.contains(&unheard_id), "{read:?}");
 }
