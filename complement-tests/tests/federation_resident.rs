@@ -36,6 +36,7 @@ backend_tests!(
     a_transaction_over_two_rooms_is_taken_once_in_order,
     a_local_event_names_at_most_ten_prev_events,
     a_server_may_redact_its_own_users_events_only,
+    what_a_server_adds_or_piles_up_is_not_taken,
     remote_events_are_authorised_where_they_stand,
     concurrent_state_resolves_by_the_rules,
     a_join_undone_by_resolution_ends_the_stay,
@@ -1051,22 +1052,28 @@ async fn a_transaction_over_two_rooms_is_taken_once_in_order(backend: Backend) {
     }
 }
 
+/// Alice's public v11 room on A with B's bob joined (make_join/send_join):
+/// alice, bob, the room, and the ids of bob's join, the create event and
+/// the power levels.
+async fn room_with_remote_bob(a: &FedServer, b: &FedServer) -> (User, String, String, [String; 3]) {
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (join_id, _, answer) = Acting::new(a, b).join(&room, &bob).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    (alice, bob, room, [join_id, create_id, power_id])
+}
+
 /// A room forked fifteen ways (a remote member sending each message after
 /// the same old event): the next local event points at ten of the forward
 /// extremities, the newest (the spec allows twenty; Synapse takes ten), and
 /// the one after it at that event and the five forks left over.
 async fn a_local_event_names_at_most_ten_prev_events(backend: Backend) {
     let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
-    let alice = a.server.register("alice", "pw").await;
-    let bob = b.user_id("bob");
-    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (alice, bob, room, [join_id, create_id, power_id]) = room_with_remote_bob(&a, &b).await;
     let acting = Acting::new(&a, &b);
-    let (join_id, _, answer) = acting.join(&room, &bob).await;
-    let auth = [
-        state_id(&answer["state"], "m.room.create", ""),
-        state_id(&answer["state"], "m.room.power_levels", ""),
-        join_id.clone(),
-    ];
+    let auth = [create_id, power_id, join_id.clone()];
     let mut forks = Vec::new();
     for n in 0..15 {
         let mut pdu = json!({
@@ -1173,6 +1180,60 @@ async fn a_server_may_redact_its_own_users_events_only(backend: Backend) {
     let (status, body) = a.server.put(&path, Some(&dave.token), json!({})).await;
     assert_eq!((status, body["errcode"].as_str()), (403, Some("M_FORBIDDEN")), "{body}");
     assert_eq!(event(alices).await["content"]["body"], "alice's words");
+}
+
+/// What a server may add to a PDU outside what it signs, or pile into one:
+/// `unsigned` (a forged transaction id, a forged relation summary, a forged
+/// `redacted_because`) is dropped on the way in; 21 prev events or 11 auth
+/// events refuse the PDU; a transaction of 101 EDUs is refused whole
+/// (400 `M_BAD_JSON`) and changes nothing.
+async fn what_a_server_adds_or_piles_up_is_not_taken(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let (alice, bob, room, [join_id, create_id, power_id]) = room_with_remote_bob(&a, &b).await;
+    let acting = Acting::new(&a, &b);
+    let message = |body: &str, prev: Value, auth: Value| {
+        json!({
+            "type": "m.room.message", "room_id": room, "sender": bob,
+            "content": { "msgtype": "m.text", "body": body },
+            "prev_events": prev, "auth_events": auth, "depth": 30, "origin_server_ts": now_ms(),
+        })
+    };
+    let mut dressed = message("dressed up", json!([join_id]), json!([create_id, power_id, join_id]));
+    let dressed_id = acting.sign(&mut dressed);
+    dressed["unsigned"] = json!({
+        "transaction_id": "forged",
+        "redacted_because": { "event_id": "$forged", "type": "m.room.redaction" },
+        "m.relations": { "m.thread": { "count": 99, "latest_event": { "event_id": "$forged" } } },
+    });
+    let prevs: Vec<String> = (0..21).map(|_| join_id.clone()).collect();
+    let mut many_prevs = message("many prevs", json!(prevs), json!([create_id, power_id, join_id]));
+    let many_prevs_id = acting.sign(&mut many_prevs);
+    let auths: Vec<String> = (0..11).map(|_| join_id.clone()).collect();
+    let mut many_auths = message("many auths", json!([join_id]), json!(auths));
+    let many_auths_id = acting.sign(&mut many_auths);
+    let (status, results) = acting.send_txn("shapes", &[&dressed, &many_prevs, &many_auths]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"][&dressed_id], json!({}), "{results}");
+    for id in [&many_prevs_id, &many_auths_id] {
+        assert!(results["pdus"][id]["error"].is_string(), "{id}: {results}");
+    }
+    let (status, event) =
+        a.server.get(&room_path(&room, &format!("/event/{}", enc(&dressed_id))), Some(&alice.token)).await;
+    assert_eq!(status, 200, "{event}");
+    assert_eq!(event["content"]["body"], "dressed up", "{event}");
+    assert!(!event.to_string().contains("forged"), "{event}");
+    assert_eq!(message_bodies(&seqline_messages(&a, &alice, &room).await), ["dressed up"]);
+
+    let typing =
+        json!({ "edu_type": "m.typing", "content": { "room_id": room, "user_id": bob, "typing": true } });
+    let edus: Vec<Value> = (0..101).map(|_| typing.clone()).collect();
+    let mut late =
+        message("in a refused transaction", json!([dressed_id]), json!([create_id, power_id, join_id]));
+    acting.sign(&mut late);
+    let body = json!({ "origin": b.name, "origin_server_ts": now_ms(), "pdus": [late], "edus": edus });
+    let (status, refused) = acting.call("PUT", "/_matrix/federation/v1/send/edus101", Some(&body)).await;
+    assert_eq!((status, refused["errcode"].as_str()), (400, Some("M_BAD_JSON")), "{refused}");
+    assert_eq!(message_bodies(&seqline_messages(&a, &alice, &room).await), ["dressed up"]);
 }
 
 /// The spec's checks 4 and 5 on a received PDU, not only the current state:
