@@ -1160,7 +1160,12 @@ async fn remote_events_are_authorised_where_they_stand(backend: Backend) {
     let built_id = acting.sign(&mut built);
     let (status, results) = acting.send_txn("where2", &[&honest, &built]).await;
     assert_eq!(status, 200, "{results}");
-    assert_eq!(results["pdus"], json!({ honest_id: {}, built_id.clone(): {} }), "{results}\n{}", a.server.log());
+    assert_eq!(
+        results["pdus"],
+        json!({ honest_id: {}, built_id.clone(): {} }),
+        "{results}\n{}",
+        a.server.log()
+    );
     let page = seqline_messages(&a, &alice, &room).await;
     assert_eq!(message_bodies(&page), ["before bob", "honest", "built on a rejected one"], "{page}");
     let (status, sent) =
