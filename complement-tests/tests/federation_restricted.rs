@@ -66,7 +66,9 @@ fn join_via(room: &str, via: &FedServer) -> String {
 /// Two seqline servers: bob of B may not join alice's restricted room on A
 /// while he is in none of the rooms it allows; once he has joined the
 /// allowed room he joins, A names alice as the authoriser, both servers
-/// hold the same join, and what alice says then reaches bob.
+/// hold the same join, and what alice says then reaches bob. Then B is in
+/// the room with nobody there who may invite: erin of B's join still goes
+/// through A.
 async fn a_remote_member_of_the_allowed_room_joins_a_restricted_room(backend: Backend) {
     let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
     let alice = a.server.register("alice", "pw").await;
@@ -101,6 +103,23 @@ async fn a_remote_member_of_the_allowed_room_joins_a_restricted_room(backend: Ba
         (status == 200 && message_bodies(&page).contains(&"welcome".to_owned())).then_some(())
     })
     .await;
+
+    // B is in both rooms now and bob may not invite: erin of B joins the
+    // space on B, and the room through A, which authorises her as it did bob.
+    let erin = b.server.register("erin", "pw").await;
+    join_locally(&b.server, &erin, &space).await;
+    eventually("erin's join of the space on A", || async {
+        (member_event(&a.server, &alice, &space, &erin.user_id).await.0 == 200).then_some(())
+    })
+    .await;
+    let (status, body) = b.server.post(&join_via(&room, &a), Some(&erin.token), json!({})).await;
+    assert_eq!(status, 200, "{body}\n{}", b.server.log());
+    let (status, on_b) = member_event(&b.server, &bob, &room, &erin.user_id).await;
+    assert_eq!(status, 200);
+    assert_eq!(on_b["content"][AUTHORISER], alice.user_id.as_str(), "{on_b}");
+    let (status, on_a) = member_event(&a.server, &alice, &room, &erin.user_id).await;
+    assert_eq!(status, 200);
+    assert_eq!(on_a["event_id"], on_b["event_id"], "the same join on both servers");
 }
 
 /// Acting as server B toward A: the joins that must not get in do not, and
