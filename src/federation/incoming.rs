@@ -238,6 +238,19 @@ async fn receive_pdu(
     (Some(event_id), result)
 }
 
+/// Places our user's join into a room we are in that `via` let in (a
+/// restricted join nobody here may authorise, countersigned there): as if
+/// `via` had sent it, with what lies between it and our line fetched from
+/// `via`. `via` sends it to the other servers, not to us.
+pub async fn place_join_let_in(
+    state: &AppState,
+    via: &ServerName,
+    room_id: &RoomId,
+    join: Pdu,
+) -> Result<()> {
+    accept(state, via, room_id, join).await
+}
+
 /// Appends a checked PDU of a room we are in.
 async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pdu) -> Result<()> {
     // A server joins through send_join; after that it must be in the room

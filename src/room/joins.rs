@@ -7,11 +7,14 @@
 //! can name an authoriser of their own choosing. Another server's user gets
 //! the same choice in make_join's template; their signed join (send_join)
 //! is checked again against the `allow` list in the write path
-//! ([`check_remote`]) before we countersign it into the room.
+//! ([`check_remote`]) before we countersign it into the room. Where nobody
+//! here may invite, a local user's join is let in by another server in the
+//! room whose members may ([`authorising_servers`]), as any other server's
+//! user's join would be.
 
-use ruma::UserId;
 use ruma::canonical_json::CanonicalJsonValue;
 use ruma::events::TimelineEventType;
+use ruma::{OwnedServerName, OwnedUserId, RoomId, UserId};
 use serde_json::Value;
 
 use super::pdu::{Draft, Pdu};
@@ -81,17 +84,41 @@ pub(super) async fn prepare(
         .filter(|u| u.server_name() == state.settings.server_name && power.user_can_invite(u))
         .max_by(|a, b| power.for_user(a).cmp(&power.for_user(b)).then_with(|| b.cmp(a)));
     let Some(authoriser) = authoriser else {
-        let why = "No member of this room on this server may authorise your join".to_owned();
-        // Another server's user may try another server in the room.
-        return Err(if is_local(state, &draft.sender) {
-            Error::Forbidden(why)
-        } else {
-            Error::UnableToGrantJoin(why)
-        });
+        // Another server's user may try another server in the room; so does
+        // ours (the client join goes through a server whose members may
+        // invite: `authorising_servers`).
+        return Err(Error::UnableToGrantJoin(
+            "No member of this room on this server may authorise your join".into(),
+        ));
     };
     let mut draft = draft.clone();
     draft.content.insert(AUTHORISER_FIELD.into(), CanonicalJsonValue::String(authoriser.to_string()));
     Ok(Some(draft))
+}
+
+/// The other servers with a member of `room_id` who may invite, in the
+/// order of their most powerful such member (ties: the server name): those
+/// that can authorise a restricted join when nobody here may (Synapse's
+/// `servers_that_can_issue_invite`).
+pub async fn authorising_servers(state: &AppState, room_id: &RoomId) -> Result<Vec<OwnedServerName>> {
+    let view = super::read::open(state, room_id).await?;
+    let power = super::power::current(state, &view).await?;
+    let mut members: Vec<OwnedUserId> = events::joined_members(&state.db, room_id.as_str())
+        .await?
+        .into_iter()
+        .filter_map(|u| OwnedUserId::try_from(u).ok())
+        .filter(|u| !is_local(state, u) && power.user_can_invite(u))
+        .collect();
+    members.sort_by(|a, b| {
+        power.for_user(b).cmp(&power.for_user(a)).then_with(|| a.server_name().cmp(b.server_name()))
+    });
+    let mut servers: Vec<OwnedServerName> = Vec::new();
+    for member in members {
+        if !servers.iter().any(|s| s == member.server_name()) {
+            servers.push(member.server_name().to_owned());
+        }
+    }
+    Ok(servers)
 }
 
 fn is_local(state: &AppState, user: &UserId) -> bool {

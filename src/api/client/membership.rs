@@ -64,6 +64,8 @@ fn extra_content(raw: &[u8]) -> CanonicalJsonObject {
 /// Joins a room: here, when this server is in it (or it lives only here);
 /// else over federation through the inviting server, the servers named
 /// (`via`, an alias's servers) and the room id's own server, in that order.
+/// A restricted join that nobody here may authorise goes through a server
+/// in the room whose members may, and that server's join is placed here.
 async fn join(
     state: &AppState,
     room_id: &RoomId,
@@ -73,7 +75,10 @@ async fn join(
     extra: CanonicalJsonObject,
 ) -> Result<()> {
     if state.settings.federation.is_none() || is_here(state, room_id).await? {
-        return join_or_knock(state, room_id, me, "join", reason, extra).await;
+        return match join_or_knock(state, room_id, me, "join", reason, extra).await {
+            Err(Error::UnableToGrantJoin(why)) => join_let_in_elsewhere(state, room_id, me, why).await,
+            other => other,
+        };
     }
     let inviting = fed::remote_invite(&state.db, me.user_id.as_str(), room_id.as_str())
         .await?
@@ -82,6 +87,27 @@ async fn join(
     let joined = crate::federation::joining::join(state, &me.user_id, room_id, &servers).await?;
     crate::room::remote::store_joined_room(state, &me.user_id, &joined).await?;
     Ok(())
+}
+
+/// A restricted join into a room we are in where nobody here may invite:
+/// make_join/send_join through the servers whose members may
+/// (`joins::authorising_servers`), then the join they countersigned is
+/// placed on our line. With none, the join is refused as it stands.
+async fn join_let_in_elsewhere(
+    state: &AppState,
+    room_id: &RoomId,
+    me: &crate::account::Requester,
+    why: String,
+) -> Result<()> {
+    let servers = match state.settings.federation {
+        Some(_) => crate::room::joins::authorising_servers(state, room_id).await?,
+        None => Vec::new(),
+    };
+    if servers.is_empty() {
+        return Err(Error::Forbidden(why));
+    }
+    let joined = crate::federation::joining::join(state, &me.user_id, room_id, &servers).await?;
+    crate::federation::incoming::place_join_let_in(state, &joined.via, room_id, joined.join).await
 }
 
 /// Whether a join of `room_id` is made here: the room is ours and this
