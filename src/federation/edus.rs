@@ -3,12 +3,16 @@
 //! device-list and signing-key updates, which tell our users to ask again).
 //!
 //! Out: what a local user does that other servers show ([`Outgoing`]) is
-//! handed over through [`announce`], the one door the domain uses, and
-//! queued per destination (`fed_edu_outbox`) for every server with a user
-//! in the room (for presence: every server sharing a room with the user).
-//! A newer EDU about the same thing replaces one not sent yet, so a server
-//! that is away gets the last word, not every keystroke; the sender puts at
-//! most 100 into a transaction beside its PDUs.
+//! handed over through [`announce`], the one door the domain uses, for
+//! every server with a user in the room (for presence and key changes:
+//! every server sharing a room with the user). Receipts, presence and key
+//! changes are queued durably per destination (`fed_edu_outbox`); typing
+//! notices, which would be wrong replayed after a crash or a long outage,
+//! wait in the sender's memory only (`sender::Sender::queue_ephemeral`) and
+//! reach the destination without a database write. Either way a newer EDU
+//! about the same thing replaces one not sent yet, so a server that is away
+//! gets the last word, not every keystroke; the sender puts at most 100
+//! into a transaction beside its PDUs.
 //!
 //! In ([`receive`]): a server speaks only for its own users, in rooms they
 //! are joined to, and not where the room's server ACL denies it. Each EDU
@@ -85,6 +89,12 @@ pub enum Outgoing {
 }
 
 impl Outgoing {
+    /// Whether it is kept in memory only on its way out (a typing notice:
+    /// stale within seconds, wrong if replayed after a restart).
+    fn is_ephemeral(&self) -> bool {
+        matches!(self, Self::Typing { .. })
+    }
+
     /// The EDU's JSON and what it is about (a newer one with the same key
     /// replaces it in the queue).
     fn to_edu(&self) -> (String, Value) {
@@ -128,8 +138,9 @@ impl Outgoing {
 }
 
 /// Queues `edu` for the servers that should see it and wakes their
-/// senders. Failing to queue is logged, never the caller's error: the local
-/// write it follows has happened.
+/// senders: a typing notice in memory, anything else durably. Failing to
+/// queue is logged, never the caller's error: the local write it follows
+/// has happened.
 pub async fn announce(state: &AppState, edu: Outgoing) {
     if state.settings.federation.is_none() {
         return;
@@ -143,11 +154,13 @@ pub async fn announce(state: &AppState, edu: Outgoing) {
         }
     };
     let (key, value) = edu.to_edu();
-    let queued = store::enqueue_edu(&state.db, &destinations, &key, &value.to_string()).await;
-    match queued {
-        Ok(()) => super::sender::wake(state, destinations.iter().map(String::as_str)),
-        Err(e) => tracing::warn!("cannot queue an EDU: {e}"),
+    if edu.is_ephemeral() {
+        state.federation_sender.queue_ephemeral(&destinations, &key, &value.to_string());
+    } else if let Err(e) = store::enqueue_edu(&state.db, &destinations, &key, &value.to_string()).await {
+        tracing::warn!("cannot queue an EDU: {e}");
+        return;
     }
+    super::sender::wake(state, destinations.iter().map(String::as_str));
 }
 
 /// The other servers `edu` goes to.
