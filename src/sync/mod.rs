@@ -846,7 +846,8 @@ async fn left_room(
         None => ("state", start - 1),
     };
     let at = horizon.map_or(at, |h| at.min(h));
-    let mut state_events = state_section(state, me, req, view, access, at, changed_after, &timeline_events).await?;
+    let mut state_events =
+        state_section(state, me, req, view, access, at, changed_after, &timeline_events).await?;
     if horizon.is_none() {
         state_events.retain(|e| e["type"] == "m.room.member" && e["state_key"] == me.user_id.as_str());
     }
