@@ -181,20 +181,36 @@ async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
     Ok(servers.into_iter().filter(|s| s != ours).collect())
 }
 
+/// The `edu_type` of a received EDU, if it names one.
+fn edu_type(raw: &RawJsonValue) -> Option<&str> {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(borrow)]
+        edu_type: Option<&'a str>,
+    }
+    serde_json::from_str::<Kind<'_>>(raw.get()).ok().and_then(|k| k.edu_type)
+}
+
 /// Whether an EDU of `kind` is taken before the PDUs of its transaction:
 /// to-device messages and key changes are, so that a room key sent just
 /// before an encrypted message is there when a client reads the message;
 /// the room's own EDUs (typing, receipts, presence) come after the PDUs,
 /// which may be what makes their users members.
 pub fn before_pdus(raw: &RawJsonValue) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(borrow)]
-        edu_type: Option<&'a str>,
-    }
-    serde_json::from_str::<Kind<'_>>(raw.get()).ok().and_then(|k| k.edu_type).is_some_and(|kind| {
+    edu_type(raw).is_some_and(|kind| {
         matches!(kind, "m.direct_to_device" | "m.device_list_update" | "m.signing_key_update")
     })
+}
+
+/// Whether taking the EDU again, right after it was taken (a transaction
+/// sent again), changes nothing, so that a transaction of such EDUs alone
+/// needs no record to be answered from: a typing notice (who types is set
+/// to what it already is) and a to-device message (each is claimed by its
+/// sender and `message_id` in the write that stores it, for good:
+/// `account::to_device::receive_remote`). Receipts, presence and key
+/// changes would be announced to our users again.
+pub fn same_when_repeated(raw: &RawJsonValue) -> bool {
+    edu_type(raw).is_some_and(|kind| matches!(kind, "m.typing" | "m.direct_to_device"))
 }
 
 /// Takes the EDUs of a transaction from `origin`, each on its own.
