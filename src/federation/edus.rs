@@ -29,6 +29,7 @@ use serde_json::value::RawValue as RawJsonValue;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::room::read;
 use crate::state::AppState;
 use crate::storage::{self, federation as store};
 
@@ -145,27 +146,50 @@ pub async fn announce(state: &AppState, edu: Outgoing) {
     if state.settings.federation.is_none() {
         return;
     }
-    let destinations = match destinations(state, &edu).await {
-        Ok(destinations) if destinations.is_empty() => return,
-        Ok(destinations) => destinations,
-        Err(e) => {
-            tracing::warn!("cannot find where an EDU goes: {e}");
-            return;
-        }
-    };
-    let (key, value) = edu.to_edu();
-    if edu.is_ephemeral() {
-        state.federation_sender.queue_ephemeral(&destinations, &key, &value.to_string());
-    } else if let Err(e) = store::enqueue_edu(&state.db, &destinations, &key, &value.to_string()).await {
-        tracing::warn!("cannot queue an EDU: {e}");
+    match destinations(state, &edu).await {
+        Ok(destinations) => queue(state, edu, &destinations).await,
+        Err(e) => tracing::warn!("cannot find where an EDU goes: {e}"),
+    }
+}
+
+/// [`announce`] of an EDU of the open room `view` (a typing notice, a
+/// receipt): its servers as the read cache keeps them.
+pub async fn announce_in(state: &AppState, view: &read::RoomView, edu: Outgoing) {
+    if state.settings.federation.is_none() {
         return;
     }
-    super::sender::wake(state, destinations.iter().map(String::as_str));
+    match read::servers_in_room(state, view).await {
+        Ok(servers) => queue(state, edu, &others(state, servers)).await,
+        Err(e) => tracing::warn!("cannot find where an EDU goes: {e}"),
+    }
+}
+
+/// Queues `edu` for `destinations` (in memory or durably, see [`announce`])
+/// and wakes them.
+async fn queue(state: &AppState, edu: Outgoing, destinations: &[String]) {
+    if destinations.is_empty() {
+        return;
+    }
+    let (key, value) = edu.to_edu();
+    if edu.is_ephemeral() {
+        state.federation_sender.queue_ephemeral(destinations, &key, &value.to_string());
+        super::sender::wake_ephemeral(state, destinations.iter().map(String::as_str));
+        return;
+    }
+    match store::enqueue_edu(&state.db, destinations, &key, &value.to_string()).await {
+        Ok(()) => super::sender::wake(state, destinations.iter().map(String::as_str)),
+        Err(e) => tracing::warn!("cannot queue an EDU: {e}"),
+    }
+}
+
+/// `servers` less this one.
+fn others(state: &AppState, servers: impl IntoIterator<Item = String>) -> Vec<String> {
+    let ours = state.settings.server_name.as_str();
+    servers.into_iter().filter(|s| s != ours).collect()
 }
 
 /// The other servers `edu` goes to.
 async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
-    let ours = state.settings.server_name.as_str();
     let servers: BTreeSet<String> = match edu {
         Outgoing::Typing { room_id, .. } | Outgoing::Receipt { room_id, .. } => {
             store::servers_in_room(&state.db, room_id.as_str()).await?.into_iter().collect()
@@ -178,7 +202,7 @@ async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
                 .collect()
         }
     };
-    Ok(servers.into_iter().filter(|s| s != ours).collect())
+    Ok(others(state, servers))
 }
 
 /// The `edu_type` of a received EDU, if it names one.
@@ -250,19 +274,20 @@ fn user_of(origin: &ServerName, user: &Value) -> Result<OwnedUserId> {
     Ok(user)
 }
 
-/// `room` (a string from the EDU) as a room `origin` may speak in: we have
-/// it and its server ACL lets `origin` in.
-async fn room_of(state: &AppState, origin: &ServerName, room: &str) -> Result<OwnedRoomId> {
+/// `room` (a string from the EDU) as a room `origin` may speak in, opened:
+/// we have it and its server ACL lets `origin` in.
+async fn room_of(state: &AppState, origin: &ServerName, room: &str) -> Result<(OwnedRoomId, read::RoomView)> {
     let room_id = RoomId::parse(room).map_err(|_| Error::BadJson("The EDU names no valid room".into()))?;
-    super::acl::check(state, room_id.as_str(), origin).await?;
-    Ok(room_id)
+    let view = read::open(state, &room_id).await?;
+    super::acl::check_in(state, &view, origin).await?;
+    Ok((room_id, view))
 }
 
 async fn typing(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
     let user = user_of(origin, &content["user_id"])?;
-    let room_id = room_of(state, origin, content["room_id"].as_str().unwrap_or_default()).await?;
+    let (_, view) = room_of(state, origin, content["room_id"].as_str().unwrap_or_default()).await?;
     let typing = content["typing"].as_bool().unwrap_or(false);
-    crate::sync::writes::set_typing(state, &user, &room_id, typing.then_some(REMOTE_TYPING)).await
+    crate::sync::writes::set_typing_in(state, &view, &user, typing.then_some(REMOTE_TYPING)).await
 }
 
 async fn receipts(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
@@ -271,7 +296,7 @@ async fn receipts(state: &AppState, origin: &ServerName, content: &Value) -> Res
     };
     for (room, types) in rooms {
         let room_id = match room_of(state, origin, room).await {
-            Ok(room_id) => room_id,
+            Ok((room_id, _)) => room_id,
             Err(e) => {
                 tracing::info!(%origin, %room, "dropped receipts: {e}");
                 continue;

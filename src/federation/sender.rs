@@ -23,7 +23,7 @@
 //! `federation.max_queued_per_destination` events queued; past that only the
 //! newest of each room (Synapse's catch-up: it fills the rest itself).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -126,13 +126,29 @@ impl EphemeralQueue {
     }
 }
 
+/// Destinations this process last found with nothing queued in the
+/// database and no failure recorded, with nothing durable queued for them
+/// since: their ephemeral EDUs go without reading the database first.
+#[derive(Debug, Default)]
+struct Clear {
+    /// Durable wake-ups so far (of any destination): a destination is
+    /// marked clear only if none came while it was read.
+    wakes: u64,
+    destinations: HashSet<OwnedServerName>,
+}
+
+/// Most destinations kept in [`Clear`] (past it, all are read again).
+const MAX_CLEAR: usize = 10_000;
+
 /// The destinations a sending task runs for, and those woken while it ran
 /// (so a wake-up between its last look at the queue and its exit is not
-/// lost); and the ephemeral EDUs waiting for each destination.
+/// lost); the ephemeral EDUs waiting for each destination; those known to
+/// need no look at the database.
 #[derive(Debug)]
 pub struct Sender {
     running: Mutex<HashMap<OwnedServerName, bool>>,
     ephemeral: Mutex<HashMap<OwnedServerName, EphemeralQueue>>,
+    clear: Mutex<Clear>,
     /// The start of the ids of transactions of ephemeral EDUs alone: `t`,
     /// the process's start (ms) and id, so that no restart reuses one and
     /// none is a durable id (a row id, or `e` and one).
@@ -146,6 +162,7 @@ impl Default for Sender {
         Self {
             running: Mutex::default(),
             ephemeral: Mutex::default(),
+            clear: Mutex::default(),
             txn_prefix: format!("t{}p{}n", storage::now_ms(), std::process::id()),
             txn_count: AtomicU64::new(0),
         }
@@ -240,12 +257,56 @@ impl Sender {
     fn ephemeral_txn_id(&self) -> String {
         format!("{}{}", self.txn_prefix, self.txn_count.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// Whether `destination` is known to have nothing queued in the
+    /// database and no failure recorded; else the count of durable
+    /// wake-ups to pass to [`Sender::mark_clear`] after reading.
+    fn is_clear(&self, destination: &OwnedServerName) -> Result<(), u64> {
+        let clear = self.clear.lock().unwrap_or_else(|e| e.into_inner());
+        if clear.destinations.contains(destination) { Ok(()) } else { Err(clear.wakes) }
+    }
+
+    /// A read begun after `wakes` durable wake-ups found `destination`
+    /// with nothing queued and no failure: it is clear unless something
+    /// durable was queued since (for it or any other).
+    fn mark_clear(&self, destination: &OwnedServerName, wakes: u64) {
+        let mut clear = self.clear.lock().unwrap_or_else(|e| e.into_inner());
+        if clear.wakes != wakes {
+            return;
+        }
+        if clear.destinations.len() >= MAX_CLEAR {
+            clear.destinations.clear();
+        }
+        clear.destinations.insert(destination.clone());
+    }
+
+    /// Something durable was queued for `destination`, or a failure was
+    /// recorded: the database must be read again.
+    fn not_clear(&self, destination: &OwnedServerName) {
+        let mut clear = self.clear.lock().unwrap_or_else(|e| e.into_inner());
+        clear.wakes += 1;
+        clear.destinations.remove(destination);
+    }
 }
 
-/// Makes sure a task sends what is queued for each of `destinations`.
+/// Makes sure a task sends what is queued for each of `destinations`
+/// (after something durable was queued for them, or they came back).
 pub fn wake<'a>(state: &AppState, destinations: impl IntoIterator<Item = &'a str>) {
+    start(state, destinations, true);
+}
+
+/// [`wake`] after ephemeral EDUs alone were queued (in memory: what is
+/// known of the destination's database rows still holds).
+pub fn wake_ephemeral<'a>(state: &AppState, destinations: impl IntoIterator<Item = &'a str>) {
+    start(state, destinations, false);
+}
+
+fn start<'a>(state: &AppState, destinations: impl IntoIterator<Item = &'a str>, durable: bool) {
     for destination in destinations {
         let Ok(destination) = OwnedServerName::try_from(destination) else { continue };
+        if durable {
+            state.federation_sender.not_clear(&destination);
+        }
         if state.federation_sender.claim(&destination) {
             tokio::spawn(run(state.clone(), destination));
         }
@@ -311,12 +372,20 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
     let failed = |e: &dyn std::fmt::Display| {
         tracing::warn!(%destination, "federation send failed: {e}");
     };
-    let known = match store::destination_state(&state.db, destination.as_str()).await {
-        Ok(known) => known,
-        Err(e) => {
-            failed(&e);
-            return Err(now + FIRST_BACKOFF_MS);
-        }
+    let known = match sender.is_clear(destination) {
+        Ok(()) => store::DestinationState { retry_at: None, queued: false },
+        Err(wakes) => match store::destination_state(&state.db, destination.as_str()).await {
+            Ok(known) => {
+                if known == (store::DestinationState { retry_at: None, queued: false }) {
+                    sender.mark_clear(destination, wakes);
+                }
+                known
+            }
+            Err(e) => {
+                failed(&e);
+                return Err(now + FIRST_BACKOFF_MS);
+            }
+        },
     };
     if let Some(at) = known.retry_at.filter(|at| *at > now) {
         sender.drop_stale_ephemeral(destination, Instant::now());
@@ -401,6 +470,7 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
         Err(e) => {
             failed(&e);
             sender.put_back_ephemeral(destination, ephemeral);
+            sender.not_clear(destination);
             let retry_at = store::transaction_failed(&state.db, destination.as_str(), now, backoff_ms)
                 .await
                 .unwrap_or(now + FIRST_BACKOFF_MS);
@@ -567,6 +637,26 @@ mod tests {
         for id in [a, b] {
             assert!(id.starts_with('t') && id.parse::<i64>().is_err(), "{id}");
         }
+    }
+
+    #[test]
+    fn a_destination_is_clear_only_if_nothing_durable_came_during_its_read() {
+        let sender = Sender::default();
+        let (dest, other): (OwnedServerName, OwnedServerName) =
+            ("one.example".try_into().unwrap(), "two.example".try_into().unwrap());
+        let Err(before) = sender.is_clear(&dest) else { panic!("clear before any read") };
+        // Something durable is queued (anywhere) while the read runs.
+        sender.not_clear(&other);
+        sender.mark_clear(&dest, before);
+        assert!(sender.is_clear(&dest).is_err());
+        let Err(before) = sender.is_clear(&dest) else { unreachable!() };
+        sender.mark_clear(&dest, before);
+        assert_eq!(sender.is_clear(&dest), Ok(()));
+        // Another destination's wake-up leaves it clear; its own does not.
+        sender.not_clear(&other);
+        assert_eq!(sender.is_clear(&dest), Ok(()));
+        sender.not_clear(&dest);
+        assert!(sender.is_clear(&dest).is_err());
     }
 
     #[test]
