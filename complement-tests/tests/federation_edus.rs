@@ -6,7 +6,7 @@
 //! from a server the room's ACL denies; none changes what anyone sees, and
 //! none fails the transaction.
 
-use complement_tests::api::{V3, create_room, enc, room_path};
+use complement_tests::api::{V3, create_room, enc, eventually, room_path};
 use complement_tests::backend_tests;
 use complement_tests::fake::FakeServer;
 use complement_tests::federation::{FedServer, now_ms};
@@ -23,6 +23,7 @@ backend_tests!(
     a_server_cannot_send_to_device_messages_for_others,
     device_list_updates_reach_the_users_who_share_a_room,
     our_device_changes_reach_the_other_server,
+    a_typing_notice_for_a_server_that_is_down_is_not_kept,
 );
 
 /// A user's /sync, followed incrementally (Synapse answers a repeated
@@ -246,8 +247,11 @@ async fn edus_a_server_may_not_send_change_nothing(backend: Backend) {
     assert_eq!(status, 200);
 
     let good = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [typing_edu(&room, &mallory)] });
-    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/good", Some(&good)).await;
-    assert_eq!(status, 200, "{answer}");
+    // Sent twice (a retry: typing notices alone are not remembered).
+    for _ in 0..2 {
+        let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/good", Some(&good)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
     // seqline takes a transaction's EDUs before it answers.
     let sync = initial_sync(&sa).await;
     assert_eq!(typing_of(&sync, &room), std::slice::from_ref(&mallory));
@@ -330,8 +334,8 @@ async fn to_device_messages_cross_once(backend: Backend) {
 }
 
 /// A server sending a to-device EDU for another server's user, or the same
-/// message twice (one `message_id`), or for a device of nobody: bob gets the
-/// one rightful message once.
+/// message twice (one `message_id`; and the whole transaction twice), or
+/// for a device of nobody: bob gets the one rightful message once.
 async fn a_server_cannot_send_to_device_messages_for_others(backend: Backend) {
     let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
     let bob = seq.server.register("bob", "pw").await;
@@ -354,6 +358,10 @@ async fn a_server_cannot_send_to_device_messages_for_others(backend: Backend) {
         edu("@carol:third.example", "m4", 4),
     ];
     let body = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": edus });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/td1", Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    // Sent again (an answer lost on the way): not remembered, as it holds
+    // to-device EDUs alone, and still it changes nothing.
     let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/td1", Some(&body)).await;
     assert_eq!(status, 200, "{answer}");
     let again = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [edu(&mallory, "m2", 5), edu(&mallory, "m5", 6)] });
@@ -467,4 +475,47 @@ async fn our_device_changes_reach_the_other_server(backend: Backend) {
     let (status, answer) = sa.post(&format!("{V3}/delete_devices"), body).await;
     assert_eq!(status, 200, "{answer}");
     until_changed(&mut wb, &alice_id, "alice's device deleted").await;
+}
+
+/// Whether a received `/send` body carries an `m.typing` EDU.
+fn carries_typing(body: &Value) -> bool {
+    body["edus"].as_array().into_iter().flatten().any(|edu| edu["edu_type"] == "m.typing")
+}
+
+/// alice types while the fake, in her room, answers no transaction: the
+/// notice is tried and kept in memory only. seqline restarts, the fake
+/// answers again, and alice says something: the message reaches the fake,
+/// the notice (stale by now) never does.
+async fn a_typing_notice_for_a_server_that_is_down_is_not_kept(backend: Backend) {
+    const SEND: &str = "/_matrix/federation/v1/send/";
+    let (mut seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let room = create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    fake.join(&seq, &room, &fake.user_id("mallory")).await;
+    fake.answer("PUT", SEND, 503, json!({ "errcode": "M_UNKNOWN", "error": "down for the test" }));
+    type_in(&Side::Seqline(&seq, &alice), &room, &alice_id, true).await;
+    eventually("the typing notice tried at the fake", || async {
+        fake.requests_to(SEND).iter().any(|r| carries_typing(&r.body)).then_some(())
+    })
+    .await;
+
+    seq.server.restart().await;
+    fake.answer("PUT", SEND, 200, json!({ "pdus": {} }));
+    let tried = fake.requests().len();
+    // The fake calls: seqline forgets its backoff and tries it at once.
+    let profile = format!("/_matrix/federation/v1/query/profile?user_id={}", enc(&alice_id));
+    let (status, answer) = fake.call(&seq, "GET", &profile, None).await;
+    assert_ne!(status, 401, "{answer}");
+    Side::Seqline(&seq, &alice).say(&room, "after", "back again").await;
+    let sent_after =
+        || fake.requests().into_iter().skip(tried).filter(|r| r.method == "PUT" && r.path.starts_with(SEND));
+    eventually("alice's message at the fake", || async {
+        let pdus: Vec<Value> =
+            sent_after().flat_map(|r| r.body["pdus"].as_array().cloned().unwrap_or_default()).collect();
+        pdus.iter().any(|pdu| pdu["content"]["body"] == "back again").then_some(())
+    })
+    .await;
+    let typing: Vec<Value> = sent_after().filter(|r| carries_typing(&r.body)).map(|r| r.body).collect();
+    assert!(typing.is_empty(), "a typing notice from before the restart was sent: {typing:?}");
 }

@@ -50,6 +50,21 @@ pub fn allows(content: &Value, server: &ServerName) -> bool {
     !any("deny") && any("allow")
 }
 
+/// [`check`] in an open room, with its ACL as kept while the room's read
+/// epoch stands still (an ACL is state: a new one moves the epoch).
+pub async fn check_in(
+    state: &AppState,
+    view: &crate::room::read::RoomView,
+    server: &ServerName,
+) -> Result<()> {
+    match crate::room::read::server_acl(state, view).await? {
+        Some(content) if !allows(&content, server) => {
+            Err(Error::Forbidden(format!("{server} is denied by the room's server ACL")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Refuses `server` if the room's current ACL does not let it in.
 pub async fn check(state: &AppState, room_id: &str, server: &ServerName) -> Result<()> {
     let Some(stored) = events::state_event(&state.db, room_id, "m.room.server_acl", "").await? else {

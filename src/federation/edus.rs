@@ -3,12 +3,16 @@
 //! device-list and signing-key updates, which tell our users to ask again).
 //!
 //! Out: what a local user does that other servers show ([`Outgoing`]) is
-//! handed over through [`announce`], the one door the domain uses, and
-//! queued per destination (`fed_edu_outbox`) for every server with a user
-//! in the room (for presence: every server sharing a room with the user).
-//! A newer EDU about the same thing replaces one not sent yet, so a server
-//! that is away gets the last word, not every keystroke; the sender puts at
-//! most 100 into a transaction beside its PDUs.
+//! handed over through [`announce`], the one door the domain uses, for
+//! every server with a user in the room (for presence and key changes:
+//! every server sharing a room with the user). Receipts, presence and key
+//! changes are queued durably per destination (`fed_edu_outbox`); typing
+//! notices, which would be wrong replayed after a crash or a long outage,
+//! wait in the sender's memory only (`sender::Sender::queue_ephemeral`) and
+//! reach the destination without a database write. Either way a newer EDU
+//! about the same thing replaces one not sent yet, so a server that is away
+//! gets the last word, not every keystroke; the sender puts at most 100
+//! into a transaction beside its PDUs.
 //!
 //! In ([`receive`]): a server speaks only for its own users, in rooms they
 //! are joined to, and not where the room's server ACL denies it. Each EDU
@@ -25,6 +29,7 @@ use serde_json::value::RawValue as RawJsonValue;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::room::read;
 use crate::state::AppState;
 use crate::storage::{self, federation as store};
 
@@ -85,6 +90,12 @@ pub enum Outgoing {
 }
 
 impl Outgoing {
+    /// Whether it is kept in memory only on its way out (a typing notice:
+    /// stale within seconds, wrong if replayed after a restart).
+    fn is_ephemeral(&self) -> bool {
+        matches!(self, Self::Typing { .. })
+    }
+
     /// The EDU's JSON and what it is about (a newer one with the same key
     /// replaces it in the queue).
     fn to_edu(&self) -> (String, Value) {
@@ -128,31 +139,57 @@ impl Outgoing {
 }
 
 /// Queues `edu` for the servers that should see it and wakes their
-/// senders. Failing to queue is logged, never the caller's error: the local
-/// write it follows has happened.
+/// senders: a typing notice in memory, anything else durably. Failing to
+/// queue is logged, never the caller's error: the local write it follows
+/// has happened.
 pub async fn announce(state: &AppState, edu: Outgoing) {
     if state.settings.federation.is_none() {
         return;
     }
-    let destinations = match destinations(state, &edu).await {
-        Ok(destinations) if destinations.is_empty() => return,
-        Ok(destinations) => destinations,
-        Err(e) => {
-            tracing::warn!("cannot find where an EDU goes: {e}");
-            return;
-        }
-    };
+    match destinations(state, &edu).await {
+        Ok(destinations) => queue(state, edu, &destinations).await,
+        Err(e) => tracing::warn!("cannot find where an EDU goes: {e}"),
+    }
+}
+
+/// [`announce`] of an EDU of the open room `view` (a typing notice, a
+/// receipt): its servers as the read cache keeps them.
+pub async fn announce_in(state: &AppState, view: &read::RoomView, edu: Outgoing) {
+    if state.settings.federation.is_none() {
+        return;
+    }
+    match read::servers_in_room(state, view).await {
+        Ok(servers) => queue(state, edu, &others(state, servers)).await,
+        Err(e) => tracing::warn!("cannot find where an EDU goes: {e}"),
+    }
+}
+
+/// Queues `edu` for `destinations` (in memory or durably, see [`announce`])
+/// and wakes them.
+async fn queue(state: &AppState, edu: Outgoing, destinations: &[String]) {
+    if destinations.is_empty() {
+        return;
+    }
     let (key, value) = edu.to_edu();
-    let queued = store::enqueue_edu(&state.db, &destinations, &key, &value.to_string()).await;
-    match queued {
+    if edu.is_ephemeral() {
+        state.federation_sender.queue_ephemeral(destinations, &key, &value.to_string());
+        super::sender::wake_ephemeral(state, destinations.iter().map(String::as_str));
+        return;
+    }
+    match store::enqueue_edu(&state.db, destinations, &key, &value.to_string()).await {
         Ok(()) => super::sender::wake(state, destinations.iter().map(String::as_str)),
         Err(e) => tracing::warn!("cannot queue an EDU: {e}"),
     }
 }
 
+/// `servers` less this one.
+fn others(state: &AppState, servers: impl IntoIterator<Item = String>) -> Vec<String> {
+    let ours = state.settings.server_name.as_str();
+    servers.into_iter().filter(|s| s != ours).collect()
+}
+
 /// The other servers `edu` goes to.
 async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
-    let ours = state.settings.server_name.as_str();
     let servers: BTreeSet<String> = match edu {
         Outgoing::Typing { room_id, .. } | Outgoing::Receipt { room_id, .. } => {
             store::servers_in_room(&state.db, room_id.as_str()).await?.into_iter().collect()
@@ -165,7 +202,17 @@ async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
                 .collect()
         }
     };
-    Ok(servers.into_iter().filter(|s| s != ours).collect())
+    Ok(others(state, servers))
+}
+
+/// The `edu_type` of a received EDU, if it names one.
+fn edu_type(raw: &RawJsonValue) -> Option<&str> {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(borrow)]
+        edu_type: Option<&'a str>,
+    }
+    serde_json::from_str::<Kind<'_>>(raw.get()).ok().and_then(|k| k.edu_type)
 }
 
 /// Whether an EDU of `kind` is taken before the PDUs of its transaction:
@@ -174,14 +221,20 @@ async fn destinations(state: &AppState, edu: &Outgoing) -> Result<Vec<String>> {
 /// the room's own EDUs (typing, receipts, presence) come after the PDUs,
 /// which may be what makes their users members.
 pub fn before_pdus(raw: &RawJsonValue) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(borrow)]
-        edu_type: Option<&'a str>,
-    }
-    serde_json::from_str::<Kind<'_>>(raw.get()).ok().and_then(|k| k.edu_type).is_some_and(|kind| {
+    edu_type(raw).is_some_and(|kind| {
         matches!(kind, "m.direct_to_device" | "m.device_list_update" | "m.signing_key_update")
     })
+}
+
+/// Whether taking the EDU again, right after it was taken (a transaction
+/// sent again), changes nothing, so that a transaction of such EDUs alone
+/// needs no record to be answered from: a typing notice (who types is set
+/// to what it already is) and a to-device message (each is claimed by its
+/// sender and `message_id` in the write that stores it, for good:
+/// `account::to_device::receive_remote`). Receipts, presence and key
+/// changes would be announced to our users again.
+pub fn same_when_repeated(raw: &RawJsonValue) -> bool {
+    edu_type(raw).is_some_and(|kind| matches!(kind, "m.typing" | "m.direct_to_device"))
 }
 
 /// Takes the EDUs of a transaction from `origin`, each on its own.
@@ -221,19 +274,20 @@ fn user_of(origin: &ServerName, user: &Value) -> Result<OwnedUserId> {
     Ok(user)
 }
 
-/// `room` (a string from the EDU) as a room `origin` may speak in: we have
-/// it and its server ACL lets `origin` in.
-async fn room_of(state: &AppState, origin: &ServerName, room: &str) -> Result<OwnedRoomId> {
+/// `room` (a string from the EDU) as a room `origin` may speak in, opened:
+/// we have it and its server ACL lets `origin` in.
+async fn room_of(state: &AppState, origin: &ServerName, room: &str) -> Result<(OwnedRoomId, read::RoomView)> {
     let room_id = RoomId::parse(room).map_err(|_| Error::BadJson("The EDU names no valid room".into()))?;
-    super::acl::check(state, room_id.as_str(), origin).await?;
-    Ok(room_id)
+    let view = read::open(state, &room_id).await?;
+    super::acl::check_in(state, &view, origin).await?;
+    Ok((room_id, view))
 }
 
 async fn typing(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
     let user = user_of(origin, &content["user_id"])?;
-    let room_id = room_of(state, origin, content["room_id"].as_str().unwrap_or_default()).await?;
+    let (_, view) = room_of(state, origin, content["room_id"].as_str().unwrap_or_default()).await?;
     let typing = content["typing"].as_bool().unwrap_or(false);
-    crate::sync::writes::set_typing(state, &user, &room_id, typing.then_some(REMOTE_TYPING)).await
+    crate::sync::writes::set_typing_in(state, &view, &user, typing.then_some(REMOTE_TYPING)).await
 }
 
 async fn receipts(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
@@ -242,7 +296,7 @@ async fn receipts(state: &AppState, origin: &ServerName, content: &Value) -> Res
     };
     for (room, types) in rooms {
         let room_id = match room_of(state, origin, room).await {
-            Ok(room_id) => room_id,
+            Ok((room_id, _)) => room_id,
             Err(e) => {
                 tracing::info!(%origin, %room, "dropped receipts: {e}");
                 continue;

@@ -5,7 +5,9 @@
 //! have been valid at the event's `origin_server_ts`), then goes through the room's write
 //! queue like a local event (`RoomWriter::append_remote`: auth against its
 //! auth events and the current state, placed at the head). Transactions
-//! (`/send`) are answered per PDU and remembered, so a retry changes nothing.
+//! (`/send`) are answered per PDU and remembered, so a retry changes nothing
+//! (those of typing notices and to-device messages alone need no record:
+//! taken again they change nothing anyway).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -461,7 +463,11 @@ pub type PduResults = BTreeMap<OwnedEventId, std::result::Result<(), String>>;
 /// time: a transaction seen before gets the answer it got then; otherwise
 /// its to-device and key EDUs are taken, the PDUs of each room in order
 /// (rooms side by side), then the room's EDUs (`edus::receive`, each on its
-/// own, see `edus::before_pdus`), and the answer is remembered.
+/// own, see `edus::before_pdus`), and the answer is remembered. A
+/// transaction of no PDUs whose EDUs all change nothing when taken again
+/// (`edus::same_when_repeated`: typing notices, to-device messages) is not
+/// remembered: taken again it changes nothing either, and a typing notice
+/// costs no write.
 pub async fn transaction(
     state: &AppState,
     origin: &ServerName,
@@ -477,7 +483,9 @@ pub async fn transaction(
     // One transaction of a server at a time (a retry sent while the first
     // try still runs waits for it, then gets its answer).
     let _turn = state.inbound_turns.take(origin).await;
-    if let Some(saved) = store::inbound_txn(&state.db, origin.as_str(), txn_id).await? {
+    let remembered = !pdus.is_empty() || !edus.iter().all(|raw| super::edus::same_when_repeated(raw));
+    let saved = if remembered { store::inbound_txn(&state.db, origin.as_str(), txn_id).await? } else { None };
+    if let Some(saved) = saved {
         let saved: BTreeMap<OwnedEventId, Option<String>> =
             serde_json::from_str(&saved).map_err(|e| Error::Internal(format!("saved transaction: {e}")))?;
         return Ok(saved.into_iter().map(|(id, e)| (id, e.map_or(Ok(()), Err))).collect());
@@ -528,6 +536,9 @@ pub async fn transaction(
         return Err(Error::Internal(format!("cannot take the transaction: {e}")));
     }
     super::edus::receive(state, origin, &late).await;
+    if !remembered {
+        return Ok(results);
+    }
     let saved: BTreeMap<&OwnedEventId, Option<&String>> =
         results.iter().map(|(id, r)| (id, r.as_ref().err())).collect();
     let saved = serde_json::to_string(&saved).map_err(|e| Error::Internal(e.to_string()))?;

@@ -1,6 +1,8 @@
 //! The slowly changing inputs of [`super::read::access`], kept between
-//! requests: a room's history-visibility line and retention setting, and per
-//! user their membership changes, membership ranges and own floor.
+//! requests: a room's history-visibility line and retention setting (and,
+//! once asked for, its power levels, member summary, servers and server
+//! ACL), and per user their membership changes, membership ranges and own
+//! floor.
 //!
 //! They change only when the room's `read_epoch` moves (a state event, a
 //! purge, a user's floor), and every request reads that epoch with the room's
@@ -37,6 +39,11 @@ pub struct RoomInputs {
     pub power: OnceCell<RoomPowerLevels>,
     /// Member counts and heroes, once asked for.
     pub members: OnceCell<MemberSummary>,
+    /// The servers with a user joined now, once asked for (joins and
+    /// leaves are state: they move the epoch).
+    pub servers: OnceCell<Vec<String>>,
+    /// The current `m.room.server_acl` content (`None`: no ACL), once asked for.
+    pub acl: OnceCell<Option<serde_json::Value>>,
     users: Mutex<HashMap<String, Arc<UserInputs>>>,
 }
 
@@ -94,6 +101,8 @@ impl ReadCache {
             max_lifetime,
             power: OnceCell::new(),
             members: OnceCell::new(),
+            servers: OnceCell::new(),
+            acl: OnceCell::new(),
             users: Mutex::default(),
         });
         let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);

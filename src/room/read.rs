@@ -258,6 +258,39 @@ pub async fn server_access(
     Ok(visibility::server_visible(&rows, &room.hv, view.room.last_seq, floor))
 }
 
+/// The servers with a user joined to the room now, in name order (kept
+/// while its read epoch stands still).
+pub async fn servers_in_room(state: &AppState, view: &RoomView) -> Result<Vec<String>> {
+    let room = room_inputs(state, view).await?;
+    let load = || crate::storage::federation::servers_in_room(&state.db, view.room.room_id.as_str());
+    room.servers.get_or_try_init(load).await.cloned()
+}
+
+/// The content of the room's current `m.room.server_acl`, if it has one
+/// (kept while its read epoch stands still).
+pub async fn server_acl(state: &AppState, view: &RoomView) -> Result<Option<Value>> {
+    let room = room_inputs(state, view).await?;
+    let load = || async {
+        let room_id = view.room.room_id.as_str();
+        let Some(stored) = events::state_event(&state.db, room_id, "m.room.server_acl", "").await? else {
+            return Ok::<_, Error>(None);
+        };
+        let mut event: Value = serde_json::from_str(&stored.json).unwrap_or_default();
+        Ok(Some(event["content"].take()))
+    };
+    room.acl.get_or_try_init(load).await.cloned()
+}
+
+/// [`require_joined`] in an open room, from the membership history kept
+/// while its read epoch stands still.
+pub async fn require_joined_in(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<()> {
+    let room = room_inputs(state, view).await?;
+    if user_inputs(state, view, &room, user_id).await?.history.current() != "join" {
+        return Err(Error::Forbidden("You are not joined to this room".into()));
+    }
+    Ok(())
+}
+
 /// Refuses users who are not joined to the room now.
 pub async fn require_joined(
     state: &AppState,

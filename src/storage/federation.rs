@@ -1,6 +1,7 @@
 //! Federation tables: which servers are in each room (`room_servers`), the
-//! durable outgoing queue (`fed_outbox`, `fed_destinations`) and the
-//! transactions received (`fed_inbound_txns`).
+//! durable outgoing queue (`fed_outbox`, `fed_edu_outbox`,
+//! `fed_destinations`) and the transactions received (`fed_inbound_txns`).
+//! Typing notices never come here: the sender keeps them in memory.
 
 use sqlx::AnyConnection;
 
@@ -135,6 +136,10 @@ pub struct Outgoing {
     pub pdus: Vec<(String, String)>,
     /// The EDUs.
     pub edus: Vec<String>,
+    /// Begun before (an attempt failed or went unanswered): it must be sent
+    /// again exactly as it was, nothing added (the destination may answer a
+    /// txn id it has seen from its cache, dropping anything new).
+    pub retry: bool,
 }
 
 /// The transaction to send to `destination` next: the one already begun
@@ -157,6 +162,7 @@ pub async fn next_transaction(
     .bind(destination)
     .fetch_optional(tx.conn())
     .await?;
+    let retry = begun.is_some();
     let txn_id = match begun {
         Some(id) => id,
         None => {
@@ -187,7 +193,7 @@ pub async fn next_transaction(
     .fetch_all(tx.conn())
     .await?;
     tx.commit().await?;
-    Ok(Some(Outgoing { txn_id, pdus, edus }))
+    Ok(Some(Outgoing { txn_id, pdus, edus, retry }))
 }
 
 /// The ids of the first `limit` rows of `table` queued for `destination`
@@ -289,22 +295,51 @@ pub async fn compact_queue(db: &Db, destination: &str, cap: i64) -> Result<u64> 
     Ok(done.rows_affected())
 }
 
-/// When `destination` may be tried again (0: now).
-pub async fn retry_at(db: &Db, destination: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT retry_at FROM fed_destinations WHERE server_name = $1")
-        .bind(destination)
-        .fetch_optional(&mut db.reader())
-        .await?
-        .unwrap_or(0))
+/// What the sender must know of `destination` before it sends: when it may
+/// be tried again (`None`: no failure is recorded) and whether anything is
+/// queued for it in the database (taken into a transaction or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestinationState {
+    /// When to try again, ms since the epoch; `None`: no failure recorded.
+    pub retry_at: Option<i64>,
+    /// Rows wait in `fed_outbox` or `fed_edu_outbox`.
+    pub queued: bool,
 }
 
-/// `destination` proved reachable (it called us): it may be tried now.
-/// Answers whether it was backing off.
+/// [`DestinationState`] of `destination`, in one read (no write slot:
+/// a transaction of in-memory EDUs alone needs nothing more).
+pub async fn destination_state(db: &Db, destination: &str) -> Result<DestinationState> {
+    let (retry_at, queued): (Option<i64>, i64) = sqlx::query_as(
+        "SELECT (SELECT retry_at FROM fed_destinations WHERE server_name = $1), \
+           (SELECT COUNT(*) FROM (SELECT 1 AS x FROM fed_outbox WHERE destination = $1 LIMIT 1) AS p) \
+           + (SELECT COUNT(*) FROM (SELECT 1 AS x FROM fed_edu_outbox WHERE destination = $1 LIMIT 1) AS e)",
+    )
+    .bind(destination)
+    .fetch_one(&mut db.reader())
+    .await?;
+    Ok(DestinationState { retry_at, queued: queued > 0 })
+}
+
+/// Whether a failure of `destination` is recorded (it is backing off, or
+/// was until its next attempt succeeds).
+pub async fn backing_off(db: &Db, destination: &str) -> Result<bool> {
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT retry_at FROM fed_destinations WHERE server_name = $1")
+            .bind(destination)
+            .fetch_optional(&mut db.reader())
+            .await?;
+    Ok(found.is_some())
+}
+
+/// `destination` proved reachable (it called us, or answered a
+/// transaction): it may be tried now. Answers whether it was backing off.
 pub async fn reset_backoff(db: &Db, destination: &str) -> Result<bool> {
+    let mut tx = db.begin_write().await?;
     let done = sqlx::query("DELETE FROM fed_destinations WHERE server_name = $1")
         .bind(destination)
-        .execute(&db.pool)
+        .execute(tx.conn())
         .await?;
+    tx.commit().await?;
     Ok(done.rows_affected() > 0)
 }
 

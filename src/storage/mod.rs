@@ -184,6 +184,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (33, "edges_from_pdus", include_str!("../../migrations/sqlite/0033_edges_from_pdus.sql")),
     (35, "edu_outbox", include_str!("../../migrations/sqlite/0035_edu_outbox.sql")),
     (36, "remote_device_lists", include_str!("../../migrations/sqlite/0036_remote_device_lists.sql")),
+    (37, "typing_in_memory", include_str!("../../migrations/sqlite/0037_typing_in_memory.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -221,6 +222,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (33, "edges_from_pdus", include_str!("../../migrations/postgres/0033_edges_from_pdus.sql")),
     (35, "edu_outbox", include_str!("../../migrations/postgres/0035_edu_outbox.sql")),
     (36, "remote_device_lists", include_str!("../../migrations/postgres/0036_remote_device_lists.sql")),
+    (37, "typing_in_memory", include_str!("../../migrations/postgres/0037_typing_in_memory.sql")),
 ];
 
 impl Db {

@@ -685,7 +685,9 @@ async fn state_section(
     let rows = match changed_after {
         // Incremental: only what changed since, read from that stretch alone.
         Some(Changed { after, read }) => {
-            let mut rows = if read {
+            // An empty stretch (a room woken by typing or a receipt alone)
+            // has nothing to read.
+            let mut rows = if read && after < at {
                 events::state_changed_between(&state.db, room_id, after, at).await?
             } else {
                 Vec::new()

@@ -85,7 +85,7 @@ pub async fn set_receipt(
             thread_id: thread_id.map(str::to_owned),
             ts: receipt.ts,
         };
-        crate::federation::edus::announce(state, edu).await;
+        crate::federation::edus::announce_in(state, &view, edu).await;
     }
     Ok(())
 }
@@ -103,20 +103,31 @@ pub async fn set_typing(
     room_id: &RoomId,
     timeout: Option<Duration>,
 ) -> Result<()> {
-    read::open(state, room_id).await?;
-    read::require_joined(state, room_id, user).await?;
-    let changed = state.typing.set(room_id.as_str(), user.as_str(), timeout);
+    let view = read::open(state, room_id).await?;
+    set_typing_in(state, &view, user, timeout).await
+}
+
+/// [`set_typing`] in an open room. Nothing on this path writes to the
+/// database or reads more than the room's row: whether the user is joined
+/// and which servers are in the room come from the read cache.
+pub async fn set_typing_in(
+    state: &AppState,
+    view: &read::RoomView,
+    user: &UserId,
+    timeout: Option<Duration>,
+) -> Result<()> {
+    let room_id = view.room.room_id.as_str();
+    read::require_joined_in(state, view, user).await?;
+    let changed = state.typing.set(room_id, user.as_str(), timeout);
     if changed {
-        state.notifier.wake_room(room_id.as_str(), []);
+        state.notifier.wake_room(room_id, []);
     }
     // A renewal is announced too: other servers time a notice out alone.
     if is_local(state, user) && (changed || timeout.is_some()) {
-        let edu = Outgoing::Typing {
-            room_id: room_id.to_owned(),
-            user_id: user.to_owned(),
-            typing: timeout.is_some(),
-        };
-        crate::federation::edus::announce(state, edu).await;
+        let room_id = ruma::OwnedRoomId::try_from(room_id)
+            .map_err(|e| Error::Internal(format!("stored room id {room_id}: {e}")))?;
+        let edu = Outgoing::Typing { room_id, user_id: user.to_owned(), typing: timeout.is_some() };
+        crate::federation::edus::announce_in(state, view, edu).await;
     }
     Ok(())
 }

@@ -90,8 +90,10 @@ async fn read(
     }
     let origin = if signed {
         let origin = authenticate(state, &parts, &bytes).await?;
-        // It reached us: whatever we queued for it may go now.
-        crate::federation::sender::contact_from(state, &origin).await;
+        // It reached us: whatever we queued for it may go now (found out
+        // beside the request, not on its way: it is a read, rarely a write).
+        let (state_, caller) = (state.clone(), origin.clone());
+        tokio::spawn(async move { crate::federation::sender::contact_from(&state_, &caller).await });
         Some(origin)
     } else {
         None
