@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use complement_tests::acting::Acting;
-use complement_tests::api::{V3, create_room, enc, event_id_of, room_path, text};
+use complement_tests::api::{V3, create_room, enc, event_id_of, reads_agree, room_path, text};
 use complement_tests::backend_tests;
 use complement_tests::federation::{FedServer, now_ms};
 use complement_tests::harness::{Backend, User};
@@ -318,4 +318,15 @@ async fn forks_resolve_as_synapse_resolves(backend: Backend, version: &str) {
         assert!(page.contains(&after) && page.contains(&before_ban), "{side}: {page:?}");
         assert!(!page.contains(&message), "{side} shows bob's message after his ban: {page:?}");
     }
+    // Every read of each local user agrees with the others after all the
+    // forks: alice (in throughout) and carol (whose join did not stand).
+    for user in [&alice, &carol] {
+        let read = reads_agree(&a.server, user, &room.id).await;
+        assert!(!read.contains(&message), "{}: {read:?}", user.user_id);
+    }
+    let (status, sent) = a
+        .server
+        .put(&room_path(&room.id, "/send/m.room.message/m5"), Some(&alice.token), text("still here"))
+        .await;
+    assert_eq!(status, 200, "{sent}");
 }
