@@ -57,8 +57,14 @@ pub async fn check_in(
     view: &crate::room::read::RoomView,
     server: &ServerName,
 ) -> Result<()> {
-    match crate::room::read::server_acl(state, view).await? {
-        Some(content) if !allows(&content, server) => {
+    refuse_denied(crate::room::read::server_acl(state, view).await?.as_ref(), server)
+}
+
+/// Refuses `server` where the ACL content `acl` (`None`: the room has none)
+/// does not let it in.
+fn refuse_denied(acl: Option<&Value>, server: &ServerName) -> Result<()> {
+    match acl {
+        Some(content) if !allows(content, server) => {
             Err(Error::Forbidden(format!("{server} is denied by the room's server ACL")))
         }
         _ => Ok(()),
@@ -71,11 +77,7 @@ pub async fn check(state: &AppState, room_id: &str, server: &ServerName) -> Resu
         return Ok(());
     };
     let event: Value = serde_json::from_str(&stored.json).unwrap_or_default();
-    if allows(&event["content"], server) {
-        Ok(())
-    } else {
-        Err(Error::Forbidden(format!("{server} is denied by the room's server ACL")))
-    }
+    refuse_denied(Some(&event["content"]), server)
 }
 
 #[cfg(test)]

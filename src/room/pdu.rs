@@ -579,15 +579,15 @@ mod tests {
         assert_eq!(pdu.depth, 4);
     }
 
-    #[test]
-    fn oversized_events_are_too_large() {
+    /// A v11 message with a body of `len` bytes, built and signed here.
+    fn message_of(len: usize) -> Result<Pdu> {
         let key = spec_key();
         let rules = ruma::RoomVersionId::V11.rules().unwrap();
         let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
         let draft = Draft {
             kind: "m.room.message".into(),
             state_key: None,
-            content: canonical_content(json!({ "body": "x".repeat(70_000) })).unwrap(),
+            content: canonical_content(json!({ "body": "x".repeat(len) })).unwrap(),
             sender: "@a:domain".try_into().unwrap(),
             redacts: None,
         };
@@ -599,7 +599,12 @@ mod tests {
             depth: 1,
             origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1u32)),
         };
-        let err = build(&rules, "domain".try_into().unwrap(), &key, &draft, placement).unwrap_err();
+        build(&rules, "domain".try_into().unwrap(), &key, &draft, placement)
+    }
+
+    #[test]
+    fn oversized_events_are_too_large() {
+        let err = message_of(70_000).unwrap_err();
         assert!(matches!(err, Error::TooLarge(_)), "{err:?}");
     }
 
@@ -608,27 +613,10 @@ mod tests {
     /// not is refused here first.
     #[test]
     fn every_event_built_passes_the_format_check_of_other_servers() {
-        let key = spec_key();
         let rules = ruma::RoomVersionId::V11.rules().unwrap();
-        let room_id: OwnedRoomId = "!room:domain".try_into().unwrap();
         let (mut built, mut refused) = (0, 0);
         for len in 64_600..65_560 {
-            let draft = Draft {
-                kind: "m.room.message".into(),
-                state_key: None,
-                content: canonical_content(json!({ "body": "x".repeat(len) })).unwrap(),
-                sender: "@a:domain".try_into().unwrap(),
-                redacts: None,
-            };
-            let placement = Placement {
-                room_id: Some(&room_id),
-                prev_events: vec![],
-                auth_events: vec![],
-                reference_hashes: HashMap::new(),
-                depth: 1,
-                origin_server_ts: MilliSecondsSinceUnixEpoch(UInt::from(1u32)),
-            };
-            match build(&rules, "domain".try_into().unwrap(), &key, &draft, placement) {
+            match message_of(len) {
                 Ok(pdu) => {
                     let object: CanonicalJsonObject = serde_json::from_str(&pdu.to_json_string()).unwrap();
                     ruma::state_res::check_pdu_format(&object, &rules.event_format)

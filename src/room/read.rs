@@ -285,7 +285,12 @@ pub async fn server_acl(state: &AppState, view: &RoomView) -> Result<Option<Valu
 /// while its read epoch stands still.
 pub async fn require_joined_in(state: &AppState, view: &RoomView, user_id: &UserId) -> Result<()> {
     let room = room_inputs(state, view).await?;
-    if user_inputs(state, view, &room, user_id).await?.history.current() != "join" {
+    refuse_unless_joined(&user_inputs(state, view, &room, user_id).await?.history)
+}
+
+/// The one refusal of [`require_joined`] and [`require_joined_in`].
+fn refuse_unless_joined(history: &MembershipHistory) -> Result<()> {
+    if history.current() != "join" {
         return Err(Error::Forbidden("You are not joined to this room".into()));
     }
     Ok(())
@@ -298,9 +303,7 @@ pub async fn require_joined(
     user_id: &UserId,
 ) -> Result<MembershipHistory> {
     let history = MembershipHistory::load(state, room_id, user_id).await?;
-    if history.current() != "join" {
-        return Err(Error::Forbidden("You are not joined to this room".into()));
-    }
+    refuse_unless_joined(&history)?;
     Ok(history)
 }
 
