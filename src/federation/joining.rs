@@ -11,6 +11,7 @@
 //! (`room::remote::store_joined_room`).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use ruma::api::federation::membership::{create_join_event, prepare_join_event};
 use ruma::canonical_json::{CanonicalJsonObject, CanonicalJsonValue};
@@ -24,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::room::pdu::{MAX_PDU_BYTES, Pdu};
 use crate::room::version;
 use crate::state::AppState;
+use crate::storage;
 
 /// The largest send_join answer read (a big room's state and auth chain).
 const MAX_SEND_JOIN_BYTES: usize = 256 * 1024 * 1024;
@@ -52,7 +54,40 @@ pub async fn join(
     room_id: &RoomId,
     servers: &[OwnedServerName],
 ) -> Result<JoinedRoom> {
-    through_first(state, room_id, servers, "join", |server| join_via(state, user, room_id, server)).await
+    let mut waits = INVITE_RACE_WAITS_MS.iter();
+    loop {
+        let joined =
+            through_first(state, room_id, servers, "join", |server| join_via(state, user, room_id, server))
+                .await;
+        match joined {
+            Err(Error::Forbidden(_)) if invited_lately(state, user, room_id).await => match waits.next() {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+                None => return joined,
+            },
+            other => return other,
+        }
+    }
+}
+
+/// The waits before asking again when a join on a fresh invite is refused:
+/// the inviting server commits its invite only after ours signed it, so a
+/// client that joins the moment the invite reaches it can ask before the
+/// invite stands there.
+const INVITE_RACE_WAITS_MS: [u64; 4] = [100, 200, 400, 800];
+
+/// Whether `user` holds a pending invite into `room_id` sent within the
+/// last minute (the refusal of a join may then be the race above).
+async fn invited_lately(state: &AppState, user: &UserId, room_id: &RoomId) -> bool {
+    let Ok(Some(invite)) =
+        storage::federation::remote_invite(&state.db, user.as_str(), room_id.as_str()).await
+    else {
+        return false;
+    };
+    let sent = serde_json::from_str::<serde_json::Value>(&invite.json)
+        .ok()
+        .and_then(|e| e["origin_server_ts"].as_i64())
+        .unwrap_or(0);
+    invite.rejected == 0 && storage::now_ms() - sent < 60_000
 }
 
 /// Asks each of `servers` in turn (ours left out) to let us `what` (join,
