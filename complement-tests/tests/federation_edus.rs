@@ -24,6 +24,7 @@ backend_tests!(
     device_list_updates_reach_the_users_who_share_a_room,
     our_device_changes_reach_the_other_server,
     a_typing_notice_for_a_server_that_is_down_is_not_kept,
+    to_device_messages_for_a_server_that_is_down_are_bounded,
 );
 
 /// A user's /sync, followed incrementally (Synapse answers a repeated
@@ -518,4 +519,65 @@ async fn a_typing_notice_for_a_server_that_is_down_is_not_kept(backend: Backend)
     .await;
     let typing: Vec<Value> = sent_after().filter(|r| carries_typing(&r.body)).map(|r| r.body).collect();
     assert!(typing.is_empty(), "a typing notice from before the restart was sent: {typing:?}");
+}
+
+/// eve sends to-device messages to mallory, a user of the fake, which
+/// answers no transaction: 1000 wait for it, eve's next request is refused
+/// (429) and nothing of it kept, while carol's still goes. Once the fake
+/// answers, each waiting message reaches it, eve's refused one never, and
+/// eve may send again.
+async fn to_device_messages_for_a_server_that_is_down_are_bounded(backend: Backend) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    const SEND: &str = "/_matrix/federation/v1/send/";
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let eve = seq.server.register("eve", "pw").await;
+    let carol = seq.server.register("carol", "pw").await;
+    let (eve_id, carol_id, mallory) = (seq.user_id("eve"), seq.user_id("carol"), fake.user_id("mallory"));
+    let (up, taken) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::<Value>::new())));
+    let (up_in, taken_in) = (up.clone(), taken.clone());
+    fake.answer_with("PUT", SEND, move |request| {
+        if !up_in.load(Ordering::SeqCst) {
+            return Some((503, json!({ "errcode": "M_UNKNOWN", "error": "down for the test" })));
+        }
+        let edus = request.body["edus"].as_array().cloned().unwrap_or_default();
+        taken_in.lock().unwrap().extend(edus);
+        Some((200, json!({ "pdus": {} })))
+    });
+    for n in 0..1000 {
+        send_to_device(&seq, &eve, &format!("e{n}"), &mallory, "PHONE", n).await;
+    }
+    let over = json!({ "messages": { mallory.as_str(): { "PHONE": { "n": 1000 } } } });
+    let (status, answer) =
+        seq.server.put(&format!("{V3}/sendToDevice/m.test.ping/over"), Some(&eve.token), over).await;
+    assert_eq!((status, answer["errcode"].as_str()), (429, Some("M_LIMIT_EXCEEDED")), "{answer}");
+    send_to_device(&seq, &carol, "c1", &mallory, "PHONE", 5000).await;
+
+    up.store(true, Ordering::SeqCst);
+    // The fake calls: seqline forgets its backoff and tries it at once.
+    let profile = format!("/_matrix/federation/v1/query/profile?user_id={}", enc(&eve_id));
+    let (status, answer) = fake.call(&seq, "GET", &profile, None).await;
+    assert_eq!(status, 200, "{answer}");
+    // (sender, n) of each message_id that reached the fake.
+    let reached = || {
+        let mut by_id = std::collections::BTreeMap::new();
+        for edu in taken.lock().unwrap().iter().filter(|e| e["edu_type"] == "m.direct_to_device") {
+            let c = &edu["content"];
+            let n = c["messages"][mallory.as_str()]["PHONE"]["n"].as_i64();
+            by_id.insert(c["message_id"].as_str().unwrap_or_default().to_owned(), (c["sender"].clone(), n));
+        }
+        let mut got: Vec<(Value, Option<i64>)> = by_id.into_values().collect();
+        got.sort_by_key(|(sender, n)| (sender.to_string(), *n));
+        got
+    };
+    let got = eventually("every waiting message at the fake", || async {
+        let got = reached();
+        (got.len() >= 1001).then_some(got)
+    })
+    .await;
+    let mut want: Vec<(Value, Option<i64>)> = vec![(json!(carol_id), Some(5000))];
+    want.extend((0..1000).map(|n| (json!(eve_id), Some(n))));
+    want.sort_by_key(|(sender, n)| (sender.to_string(), *n));
+    assert_eq!(got, want);
+    send_to_device(&seq, &eve, "after", &mallory, "PHONE", 1001).await;
 }

@@ -7,8 +7,10 @@
 //! `message_id` of its own, so a resent federation transaction is taken
 //! once there). A received EDU is taken once per (origin, sender,
 //! `message_id`) and delivers to our users only. Both ways, a sender may
-//! have at most [`MAX_PENDING`] undelivered messages per device; past that
-//! nothing of the request is stored.
+//! have at most [`MAX_PENDING`] undelivered messages per device, and at
+//! most [`MAX_PENDING`] EDUs waiting for one other server (one that does
+//! not answer keeps them until it does); past either, nothing of the
+//! request is stored (429).
 
 use std::collections::BTreeMap;
 
@@ -21,7 +23,7 @@ use crate::storage::{self, devices, events, keys};
 use crate::streams::Change;
 
 /// Most undelivered to-device messages one sender may have queued for one
-/// device.
+/// device, and most `m.direct_to_device` EDUs for one other server.
 pub const MAX_PENDING: i64 = 1000;
 
 /// Which of a user's devices a message is for.
@@ -177,7 +179,15 @@ async fn deliver(
         }
     }
     for (server, edu) in &edus {
-        let key = format!("to-device {}", edu["content"]["message_id"].as_str().unwrap_or_default());
+        // Keyed by sender, so that what one sender has waiting for a server
+        // that does not answer is counted and bounded like a device's.
+        let prefix = format!("to-device {sender} ");
+        let waiting =
+            storage::federation::queued_edus_with_prefix(tx.conn(), server, &prefix, MAX_PENDING).await?;
+        if waiting >= MAX_PENDING {
+            return Err(Error::LimitExceeded { retry_after_ms: 10_000 });
+        }
+        let key = format!("{prefix}{}", edu["content"]["message_id"].as_str().unwrap_or_default());
         storage::federation::enqueue_edu_tx(tx.conn(), std::slice::from_ref(server), &key, &edu.to_string())
             .await?;
     }

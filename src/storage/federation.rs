@@ -126,6 +126,28 @@ pub async fn enqueue_edu_tx(
     Ok(())
 }
 
+/// How many EDUs wait (queued or in a transaction not yet answered) for
+/// `destination` under a key starting with `prefix`, counted up to `cap`.
+pub async fn queued_edus_with_prefix(
+    conn: &mut AnyConnection,
+    destination: &str,
+    prefix: &str,
+    cap: i64,
+) -> Result<i64> {
+    // substr, not LIKE: exact and byte-wise on both backends, whatever the
+    // collation, and no escaping of `%` or `_` in user ids.
+    Ok(sqlx::query_scalar(
+        "SELECT COUNT(*) FROM (SELECT 1 AS x FROM fed_edu_outbox \
+         WHERE destination = $1 AND substr(ekey, 1, $2) = $3 LIMIT $4) AS q",
+    )
+    .bind(destination)
+    .bind(i32::try_from(prefix.chars().count()).unwrap_or(i32::MAX))
+    .bind(prefix)
+    .bind(cap)
+    .fetch_one(conn)
+    .await?)
+}
+
 /// A transaction to send: its id, its events (room id, event id) and its
 /// EDUs (JSON), in queue order.
 #[derive(Debug, Clone, PartialEq, Eq)]
