@@ -39,6 +39,8 @@ mkdir -p "$OUT"
 BACKEND=sqlite; [ "$POSTGRES" = 1 ] && BACKEND=postgres
 echo "results in $OUT (backend $BACKEND)"
 
+# SEQLINE_BENCH_LOG: seqline's log filter (default warn; say seqline=debug to
+# read the timings it logs).
 # SEQLINE_BIN / SEQLINE_BENCH_BIN: run these binaries as they are (say, a
 # copy built from another commit) instead of building the release ones.
 SEQLINE="${SEQLINE_BIN:-$CARGO_TARGET_DIR/release/seqline}"
@@ -116,7 +118,7 @@ run_seqline() { # round
   rm -rf "$dir"; mkdir -p "$dir/data"
   port=$(free_port); url="http://127.0.0.1:$port"
   local envs=(SEQLINE_REGISTRATION=open SEQLINE_RATE_LIMITS=off SEQLINE_LISTEN="127.0.0.1:$port"
-              SEQLINE_DATA_DIR="$dir/data" SEQLINE_SERVER_NAME=localhost SEQLINE_LOG=warn SEQLINE_PRESENCE=off)
+              SEQLINE_DATA_DIR="$dir/data" SEQLINE_SERVER_NAME=localhost SEQLINE_LOG="${SEQLINE_BENCH_LOG:-warn}" SEQLINE_PRESENCE=off)
   if [ "$POSTGRES" = 1 ]; then
     db="seqline_bench_$1"; fresh_pg_db "$db"
     envs+=(SEQLINE_DATABASE_URL="$PG_URL_BASE/$db")

@@ -86,7 +86,9 @@ pub struct FedConfig {
     /// Keep the servers' databases (by default only the logs are kept).
     #[arg(long)]
     pub keep_data: bool,
-    /// The servers' log level: `warn` (seqline `warn`, Synapse `WARNING`) or `info`.
+    /// The servers' log level: `warn` (seqline `warn`, Synapse `WARNING`) or
+    /// `info`; anything else is seqline's filter as given (say
+    /// `seqline=debug`, to read a sample's timings), Synapse's `WARNING`.
     #[arg(long, default_value = "warn")]
     pub server_log: String,
     /// Seconds a join, or the wait for it on either side, may take before the pair is failed.
@@ -956,7 +958,14 @@ impl Server {
                     .env("SEQLINE_REGISTRATION", "open")
                     .env("SEQLINE_RATE_LIMITS", "off")
                     .env("SEQLINE_PRESENCE", if config.presence { "on" } else { "off" })
-                    .env("SEQLINE_LOG", if info { "info,sqlx=warn" } else { "warn" });
+                    .env(
+                        "SEQLINE_LOG",
+                        match config.server_log.as_str() {
+                            "info" => "info,sqlx=warn",
+                            "warn" => "warn",
+                            filter => filter,
+                        },
+                    );
                 if let (Some(url), Some(db)) = (&config.postgres, &db) {
                     cmd.env("SEQLINE_DATABASE_URL", format!("{}/{db}", url.trim_end_matches('/')));
                 }

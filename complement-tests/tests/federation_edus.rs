@@ -25,6 +25,7 @@ backend_tests!(
     our_device_changes_reach_the_other_server,
     a_typing_notice_for_a_server_that_is_down_is_not_kept,
     to_device_messages_for_a_server_that_is_down_are_bounded,
+    a_transaction_is_sent_again_as_it_was,
 );
 
 /// A user's /sync, followed incrementally (Synapse answers a repeated
@@ -580,4 +581,75 @@ async fn to_device_messages_for_a_server_that_is_down_are_bounded(backend: Backe
     want.sort_by_key(|(sender, n)| (sender.to_string(), *n));
     assert_eq!(got, want);
     send_to_device(&seq, &eve, "after", &mallory, "PHONE", 1001).await;
+}
+
+/// The fake takes alice's first transaction of events but answers 500 (an
+/// answer lost on the way). alice goes on speaking; the fake calls, so
+/// seqline tries again at once: the failed transaction goes again under
+/// its id with exactly its events, what she said meanwhile under other
+/// ids, every id always with the same events, and each event arrives.
+async fn a_transaction_is_sent_again_as_it_was(backend: Backend) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const SEND: &str = "/_matrix/federation/v1/send/";
+    let (seq, fake) = tokio::join!(FedServer::start(&backend), FakeServer::start());
+    let alice = seq.server.register("alice", "pw").await;
+    let alice_id = seq.user_id("alice");
+    let room = create_room(&seq.server, &alice, json!({ "preset": "public_chat" })).await;
+    fake.join(&seq, &room, &fake.user_id("mallory")).await;
+    let failed = Arc::new(AtomicBool::new(false));
+    let failed_in = failed.clone();
+    fake.answer_with("PUT", SEND, move |request| {
+        let events = request.body["pdus"].as_array().is_some_and(|p| !p.is_empty());
+        (events && !failed_in.swap(true, Ordering::SeqCst))
+            .then(|| (500, json!({ "errcode": "M_UNKNOWN", "error": "the answer was lost" })))
+    });
+    let side = Side::Seqline(&seq, &alice);
+    side.say(&room, "m0", "m0").await;
+    eventually("the first transaction refused", || async { failed.load(Ordering::SeqCst).then_some(()) })
+        .await;
+    for body in ["m1", "m2"] {
+        side.say(&room, body, body).await;
+    }
+    let profile = format!("/_matrix/federation/v1/query/profile?user_id={}", enc(&alice_id));
+    let (status, answer) = fake.call(&seq, "GET", &profile, None).await;
+    assert_eq!(status, 200, "{answer}");
+    // (txn id, the bodies of its events) of each transaction with events.
+    let sent = || -> Vec<(String, Vec<String>)> {
+        fake.requests_to(SEND)
+            .into_iter()
+            .filter(|r| r.method == "PUT")
+            .map(|r| {
+                let bodies = r.body["pdus"].as_array().into_iter().flatten();
+                let bodies =
+                    bodies.filter_map(|p| p["content"]["body"].as_str().map(str::to_owned)).collect();
+                (r.path[SEND.len()..].to_owned(), bodies)
+            })
+            .filter(|(_, bodies): &(String, Vec<String>)| !bodies.is_empty())
+            .collect()
+    };
+    let sent = eventually("every event at the fake", || async {
+        let sent = sent();
+        let all: Vec<&String> = sent.iter().flat_map(|(_, b)| b).collect();
+        ["m0", "m1", "m2"].iter().all(|m| all.iter().any(|b| b == m)).then_some(sent)
+    })
+    .await;
+    let (first_id, first) = sent[0].clone();
+    assert_eq!(first.first().map(String::as_str), Some("m0"), "{sent:?}");
+    let again: Vec<&(String, Vec<String>)> = sent.iter().filter(|(id, _)| *id == first_id).collect();
+    assert!(again.len() >= 2, "the failed transaction was not sent again: {sent:?}");
+    for (id, bodies) in &sent {
+        let same = sent.iter().filter(|(other, _)| other == id).all(|(_, b)| b == bodies);
+        assert!(same, "{id} carried different events: {sent:?}");
+    }
+    // In order, each once, across the transactions (the retry aside).
+    let mut seen: Vec<String> = Vec::new();
+    let mut ids: Vec<&String> = Vec::new();
+    for (id, bodies) in &sent {
+        if !ids.contains(&id) {
+            ids.push(id);
+            seen.extend(bodies.iter().cloned());
+        }
+    }
+    assert_eq!(seen, ["m0", "m1", "m2"], "{sent:?}");
 }

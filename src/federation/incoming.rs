@@ -483,6 +483,7 @@ pub async fn transaction(
     // One transaction of a server at a time (a retry sent while the first
     // try still runs waits for it, then gets its answer).
     let _turn = state.inbound_turns.take(origin).await;
+    let clock = std::time::Instant::now();
     let remembered = !pdus.is_empty() || !edus.iter().all(|raw| super::edus::same_when_repeated(raw));
     let saved = if remembered { store::inbound_txn(&state.db, origin.as_str(), txn_id).await? } else { None };
     if let Some(saved) = saved {
@@ -535,7 +536,9 @@ pub async fn transaction(
         // (what was placed is placed once; the retry finds it).
         return Err(Error::Internal(format!("cannot take the transaction: {e}")));
     }
+    let pdus_us = clock.elapsed().as_micros();
     super::edus::receive(state, origin, &late).await;
+    tracing::debug!(%origin, txn_id, pdus = pdus.len(), edus = edus.len(), pdus_us, taken_us = clock.elapsed().as_micros(), "transaction taken");
     if !remembered {
         return Ok(results);
     }
@@ -543,5 +546,6 @@ pub async fn transaction(
         results.iter().map(|(id, r)| (id, r.as_ref().err())).collect();
     let saved = serde_json::to_string(&saved).map_err(|e| Error::Internal(e.to_string()))?;
     store::save_inbound_txn(&state.db, origin.as_str(), txn_id, &saved, storage::now_ms()).await?;
+    tracing::debug!(%origin, txn_id, remembered_us = clock.elapsed().as_micros(), "transaction remembered");
     Ok(results)
 }

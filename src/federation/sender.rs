@@ -13,8 +13,11 @@
 //! events and [`MAX_EDUS`] EDUs: the durable ones first, then, in a new
 //! transaction only, what the in-memory queue holds; with nothing durable
 //! queued, the in-memory EDUs go alone under a txn id of their own (`t`...,
-//! never one of the durable ids). A failed durable transaction is retried
-//! with the same id and the same events and EDUs, nothing added, after a
+//! never one of the durable ids). A durable transaction is read without a
+//! write (its id made from its rows, so the same rows always go under the
+//! same id), its rows deleted once the destination has it; one that failed
+//! has exactly its rows marked, and is retried with the same id and the
+//! same events and EDUs, nothing added, after a
 //! backoff that doubles per failure (from [`FIRST_BACKOFF_MS`] up to
 //! [`MAX_BACKOFF_MS`]) and is forgotten as soon as the destination proves
 //! reachable (it answers, or it calls us); the in-memory EDUs a failed
@@ -321,6 +324,12 @@ pub async fn resume(state: &AppState) {
     }
 }
 
+/// Whether `destination` is known to have nothing queued in the database
+/// and no failure recorded (so a call from it changes nothing here).
+pub fn known_clear(state: &AppState, destination: &ruma::ServerName) -> bool {
+    state.federation_sender.is_clear(&destination.to_owned()).is_ok()
+}
+
 /// `origin` called us: if we were backing off from it, try it now. A read
 /// first: a write per request would put the writer slot (and, were a row
 /// there, a sync to disk) on every call another server makes.
@@ -368,6 +377,7 @@ const MAX_EDUS_COUNT: usize = MAX_EDUS as usize;
 /// again at `when`.
 async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bool, i64> {
     let now = storage::now_ms();
+    let clock = Instant::now();
     let sender = &state.federation_sender;
     let failed = |e: &dyn std::fmt::Display| {
         tracing::warn!(%destination, "federation send failed: {e}");
@@ -392,8 +402,8 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
         compact(state, destination).await;
         return Err(at);
     }
-    // The write that takes durable rows into a transaction only when there
-    // are some: in-memory EDUs alone go without the writer slot.
+    // The database is read only when it has rows for the destination:
+    // in-memory EDUs alone go without it.
     let durable = if known.queued {
         match store::next_transaction(&state.db, destination.as_str(), MAX_PDUS, MAX_EDUS).await {
             Ok(next) => next,
@@ -405,19 +415,19 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
     } else {
         None
     };
-    let (durable_id, queued, edus, ephemeral) = match durable {
-        Some(store::Outgoing { txn_id, pdus, edus, retry }) => {
+    let (durable_id, rows, queued, edus, ephemeral) = match durable {
+        Some(store::Outgoing { txn_id, pdus, edus, retry, rows }) => {
             // A retry carries what it carried before, nothing more.
             let room = if retry { 0 } else { MAX_EDUS_COUNT.saturating_sub(edus.len()) };
             let ephemeral = sender.take_ephemeral(destination, room, Instant::now());
-            (Some(txn_id), pdus, edus, ephemeral)
+            (Some(txn_id), rows, pdus, edus, ephemeral)
         }
         None => {
             let ephemeral = sender.take_ephemeral(destination, MAX_EDUS_COUNT, Instant::now());
             if ephemeral.is_empty() {
                 return Ok(false);
             }
-            (None, Vec::new(), Vec::new(), ephemeral)
+            (None, None, Vec::new(), Vec::new(), ephemeral)
         }
     };
     let pdus = match load_pdus(state, &queued).await {
@@ -446,20 +456,26 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
             }
         })
         .collect();
-    match super::send(state, destination, request).await {
+    let read_us = clock.elapsed().as_micros();
+    let sent = super::send(state, destination, request).await;
+    tracing::debug!(%destination, txn_id, read_us, sent_us = clock.elapsed().as_micros(), ok = sent.is_ok(), "transaction sent");
+    match sent {
         Ok(response) => {
             for (event_id, result) in &response.pdus {
                 if let Err(e) = result {
                     tracing::info!(%destination, %event_id, "the destination refused our event: {e}");
                 }
             }
-            let done = match &durable_id {
-                Some(txn_id) => store::transaction_sent(&state.db, destination.as_str(), txn_id).await,
+            let done = match (&durable_id, &rows) {
+                (_, Some(rows)) => store::rows_sent(&state.db, destination.as_str(), rows).await,
+                (Some(txn_id), None) => {
+                    store::transaction_sent(&state.db, destination.as_str(), txn_id).await
+                }
                 // Nothing in the database to forget but a recorded failure.
-                None if known.retry_at.is_some() => {
+                (None, None) if known.retry_at.is_some() => {
                     store::reset_backoff(&state.db, destination.as_str()).await.map(|_| ())
                 }
-                None => Ok(()),
+                (None, None) => Ok(()),
             };
             if let Err(e) = done {
                 failed(&e);
@@ -471,6 +487,13 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
             failed(&e);
             sender.put_back_ephemeral(destination, ephemeral);
             sender.not_clear(destination);
+            // The destination may have taken it all the same: what it
+            // carried of the queue goes again under its id, nothing added.
+            if let (Some(txn_id), Some(rows)) = (&durable_id, &rows)
+                && let Err(e) = store::rows_begun(&state.db, destination.as_str(), txn_id, rows).await
+            {
+                tracing::warn!(%destination, "cannot mark the transaction as begun: {e}");
+            }
             let retry_at = store::transaction_failed(&state.db, destination.as_str(), now, backoff_ms)
                 .await
                 .unwrap_or(now + FIRST_BACKOFF_MS);

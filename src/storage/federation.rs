@@ -162,90 +162,148 @@ pub struct Outgoing {
     /// again exactly as it was, nothing added (the destination may answer a
     /// txn id it has seen from its cache, dropping anything new).
     pub retry: bool,
+    /// A new transaction's rows, read and not marked (see
+    /// [`next_transaction`]); `None` for a retry, whose rows are marked.
+    pub rows: Option<Rows>,
 }
 
-/// The transaction to send to `destination` next: the one already begun
-/// (a retry: same id, same events and EDUs), else up to `limit` queued
-/// events and `edu_limit` queued EDUs, taken under a new id (the first
-/// event row's id, or `e` and the first EDU row's id; never reused). `None`
-/// when nothing is queued.
+/// The rows a new transaction carries: ids in `fed_outbox` and in
+/// `fed_edu_outbox`, ascending.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rows {
+    pub pdu_ids: Vec<i64>,
+    pub edu_ids: Vec<i64>,
+}
+
+impl Rows {
+    /// The transaction id of these rows: the same rows always give the
+    /// same id, other rows another (row ids are never reused), so a
+    /// destination that answers a repeated id from its cache only ever does
+    /// so for content it has taken already. `r`, the first row's id, and a
+    /// hash of all of them; never a former id (a row id, `e` and one).
+    fn txn_id(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.pdu_ids.hash(&mut h);
+        self.edu_ids.hash(&mut h);
+        let first = self.pdu_ids.first().or(self.edu_ids.first()).copied().unwrap_or_default();
+        format!("r{first}-{:016x}", h.finish())
+    }
+}
+
+/// The transaction to send to `destination` next, read without a write:
+/// the one begun before (a retry: same id, same events and EDUs), else up
+/// to `limit` queued events and `edu_limit` queued EDUs not yet marked,
+/// under the id of those rows ([`Rows`]), left unmarked: once the
+/// destination has them they go ([`rows_sent`]); if the attempt fails
+/// they are marked as begun ([`rows_begun`]). `None` when nothing is
+/// queued. The write that marks rows before every send would sit between
+/// a commit and its delivery.
 pub async fn next_transaction(
     db: &Db,
     destination: &str,
     limit: i64,
     edu_limit: i64,
 ) -> Result<Option<Outgoing>> {
-    let mut tx = db.begin_write().await?;
+    let mut conn = db.pool.acquire().await?;
     let begun: Option<String> = sqlx::query_scalar(
         "SELECT txn_id FROM (SELECT txn_id, id FROM fed_outbox WHERE destination = $1 AND txn_id IS NOT NULL \
            UNION ALL SELECT txn_id, id FROM fed_edu_outbox WHERE destination = $1 AND txn_id IS NOT NULL) b \
          ORDER BY id LIMIT 1",
     )
     .bind(destination)
-    .fetch_optional(tx.conn())
+    .fetch_optional(&mut *conn)
     .await?;
-    let retry = begun.is_some();
-    let txn_id = match begun {
-        Some(id) => id,
-        None => {
-            let pdu_ids = untaken(tx.conn(), "fed_outbox", destination, limit).await?;
-            let edu_ids = untaken(tx.conn(), "fed_edu_outbox", destination, edu_limit).await?;
-            let txn_id = match (pdu_ids.first(), edu_ids.first()) {
-                (Some(first), _) => first.to_string(),
-                (None, Some(first)) => format!("e{first}"),
-                (None, None) => return Ok(None),
-            };
-            take(tx.conn(), "fed_outbox", destination, &txn_id, &pdu_ids).await?;
-            take(tx.conn(), "fed_edu_outbox", destination, &txn_id, &edu_ids).await?;
-            txn_id
-        }
-    };
-    let pdus: Vec<(String, String)> = sqlx::query_as(
-        "SELECT room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
-    )
-    .bind(destination)
-    .bind(&txn_id)
-    .fetch_all(tx.conn())
-    .await?;
-    let edus: Vec<String> = sqlx::query_scalar(
-        "SELECT edu FROM fed_edu_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
-    )
-    .bind(destination)
-    .bind(&txn_id)
-    .fetch_all(tx.conn())
-    .await?;
-    tx.commit().await?;
-    Ok(Some(Outgoing { txn_id, pdus, edus, retry }))
-}
-
-/// The ids of the first `limit` rows of `table` queued for `destination`
-/// and not taken into a transaction.
-async fn untaken(conn: &mut AnyConnection, table: &str, destination: &str, limit: i64) -> Result<Vec<i64>> {
-    let sql =
-        format!("SELECT id FROM {table} WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0");
-    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(destination).bind(limit).fetch_all(conn).await?)
-}
-
-/// Marks the rows `ids` (ascending) of `table` as taken into `txn_id`.
-async fn take(
-    conn: &mut AnyConnection,
-    table: &str,
-    destination: &str,
-    txn_id: &str,
-    ids: &[i64],
-) -> Result<()> {
-    let (Some(first), Some(last)) = (ids.first(), ids.last()) else { return Ok(()) };
-    let sql = format!(
-        "UPDATE {table} SET txn_id = $1 WHERE destination = $2 AND txn_id IS NULL AND id >= $3 AND id <= $4"
-    );
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(txn_id)
+    if let Some(txn_id) = begun {
+        let pdus: Vec<(String, String)> = sqlx::query_as(
+            "SELECT room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
+        )
         .bind(destination)
-        .bind(first)
-        .bind(last)
-        .execute(conn)
+        .bind(&txn_id)
+        .fetch_all(&mut *conn)
         .await?;
-    Ok(())
+        let edus: Vec<String> = sqlx::query_scalar(
+            "SELECT edu FROM fed_edu_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
+        )
+        .bind(destination)
+        .bind(&txn_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        return Ok(Some(Outgoing { txn_id, pdus, edus, retry: true, rows: None }));
+    }
+    let pdu_rows: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT id, room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL \
+         ORDER BY id LIMIT $2 + 0",
+    )
+    .bind(destination)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    let edu_rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, edu FROM fed_edu_outbox WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0",
+    )
+    .bind(destination)
+    .bind(edu_limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    if pdu_rows.is_empty() && edu_rows.is_empty() {
+        return Ok(None);
+    }
+    let rows = Rows {
+        pdu_ids: pdu_rows.iter().map(|r| r.0).collect(),
+        edu_ids: edu_rows.iter().map(|r| r.0).collect(),
+    };
+    Ok(Some(Outgoing {
+        txn_id: rows.txn_id(),
+        pdus: pdu_rows.into_iter().map(|(_, room, event)| (room, event)).collect(),
+        edus: edu_rows.into_iter().map(|(_, edu)| edu).collect(),
+        retry: false,
+        rows: Some(rows),
+    }))
+}
+
+/// The destination took a new transaction of `rows`: they go (an EDU
+/// replaced meanwhile is gone already), and its failures are forgotten.
+pub async fn rows_sent(db: &Db, destination: &str, rows: &Rows) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    for (table, ids) in [("fed_outbox", &rows.pdu_ids), ("fed_edu_outbox", &rows.edu_ids)] {
+        for chunk in ids.chunks(100) {
+            let marks: Vec<String> = (2..chunk.len() + 2).map(|i| format!("${i}")).collect();
+            let sql = format!("DELETE FROM {table} WHERE destination = $1 AND id IN ({})", marks.join(", "));
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(destination);
+            for id in chunk {
+                query = query.bind(id);
+            }
+            query.execute(tx.conn()).await?;
+        }
+    }
+    sqlx::query("DELETE FROM fed_destinations WHERE server_name = $1")
+        .bind(destination)
+        .execute(tx.conn())
+        .await?;
+    tx.commit().await
+}
+
+/// An attempt at a new transaction of `rows` failed or went unanswered:
+/// exactly those rows (those still there) are marked as begun under
+/// `txn_id`, so that every retry carries them and nothing else.
+pub async fn rows_begun(db: &Db, destination: &str, txn_id: &str, rows: &Rows) -> Result<()> {
+    let mut tx = db.begin_write().await?;
+    for (table, ids) in [("fed_outbox", &rows.pdu_ids), ("fed_edu_outbox", &rows.edu_ids)] {
+        for chunk in ids.chunks(100) {
+            let marks: Vec<String> = (3..chunk.len() + 3).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "UPDATE {table} SET txn_id = $1 WHERE destination = $2 AND txn_id IS NULL AND id IN ({})",
+                marks.join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(txn_id).bind(destination);
+            for id in chunk {
+                query = query.bind(id);
+            }
+            query.execute(tx.conn()).await?;
+        }
+    }
+    tx.commit().await
 }
 
 /// The destination accepted transaction `txn_id`: its rows go, and the

@@ -128,9 +128,11 @@ pub async fn sync(state: &AppState, me: &Requester, req: &SyncRequest) -> Result
     let mut relisted = 0;
     loop {
         wake.borrow_and_update();
+        let clock = Instant::now();
         // One pass: its reads run back to back on one held connection.
         // The watch of the rooms joined stands while the request waits.
         let (_watch, pass) = state.db.pinned(pass(state, me, req, last.as_ref(), &mut relisted)).await??;
+        tracing::debug!(woken = last.is_some(), pass_us = clock.elapsed().as_micros(), "sync pass");
         let Some((body, has_news, pass)) = pass else {
             // The room list may miss a room joined (or hold one left)
             // meanwhile: read it again before answering (nothing was

@@ -92,8 +92,11 @@ async fn read(
         let origin = authenticate(state, &parts, &bytes).await?;
         // It reached us: whatever we queued for it may go now (found out
         // beside the request, not on its way: it is a read, rarely a write).
-        let (state_, caller) = (state.clone(), origin.clone());
-        tokio::spawn(async move { crate::federation::sender::contact_from(&state_, &caller).await });
+        // Known to have no failure recorded: nothing to look at.
+        if !crate::federation::sender::known_clear(state, &origin) {
+            let (state_, caller) = (state.clone(), origin.clone());
+            tokio::spawn(async move { crate::federation::sender::contact_from(&state_, &caller).await });
+        }
         Some(origin)
     } else {
         None
