@@ -138,7 +138,7 @@ pub async fn queued_edus_with_prefix(
     // collation, and no escaping of `%` or `_` in user ids.
     Ok(sqlx::query_scalar(
         "SELECT COUNT(*) FROM (SELECT 1 AS x FROM fed_edu_outbox \
-         WHERE destination = $1 AND substr(ekey, 1, $2) = $3 LIMIT $4) AS q",
+         WHERE destination = $1 AND substr(ekey, 1, $2) = $3 LIMIT $4 + 0) AS q",
     )
     .bind(destination)
     .bind(i32::try_from(prefix.chars().count()).unwrap_or(i32::MAX))
