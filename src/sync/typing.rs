@@ -72,6 +72,22 @@ impl Typing {
         self.lock().serial
     }
 
+    /// The rooms whose typing users changed last in `(since, upto]` (those
+    /// [`Self::changed_since`] answers for with `Some(since)`); `None` when
+    /// more than `at_most` rooms ever had anyone typing (asking room by room
+    /// is then the cheaper way).
+    pub fn rooms_changed(&self, since: u64, upto: u64, at_most: usize) -> Option<Vec<String>> {
+        let inner = self.lock();
+        (inner.changed.len() <= at_most).then(|| {
+            inner
+                .changed
+                .iter()
+                .filter(|(_, last)| **last > since && **last <= upto)
+                .map(|(room, _)| room.clone())
+                .collect()
+        })
+    }
+
     /// The users typing in `room` if that changed in `(since, upto]`
     /// (`since` `None`: an initial sync, which hears of anyone typing). A change
     /// after `upto` (the serial in the token being handed out) waits for the
@@ -108,6 +124,10 @@ mod tests {
         assert_eq!(t.changed_since("!r", Some(0), s1), Some(vec!["@a".to_owned()]));
         assert_eq!(t.changed_since("!r", Some(0), 0), None, "a change after the token waits");
         assert_eq!(t.changed_since("!r", Some(s1), s1), None);
+        assert_eq!(t.rooms_changed(0, s1, 10), Some(vec!["!r".to_owned()]));
+        assert_eq!(t.rooms_changed(s1, s1, 10), Some(vec![]));
+        assert_eq!(t.rooms_changed(0, 0, 10), Some(vec![]), "a change after the token waits");
+        assert_eq!(t.rooms_changed(0, s1, 0), None, "more rooms than asked for");
         assert!(t.set("!r", "@a", None));
         assert_eq!(t.changed_since("!r", Some(s1), t.serial()), Some(vec![]));
         assert_eq!(

@@ -53,8 +53,10 @@ pub struct Snapshot {
     pub stream: i64,
     /// The typing serial then.
     pub typing: u64,
-    /// The rooms sent, by id.
-    pub rooms: HashMap<String, RoomSent>,
+    /// The rooms sent, by id: shared with the snapshot it was built from
+    /// when a pass changed nothing of it (a woken pass in a thousand rooms
+    /// copies none of them).
+    pub rooms: Arc<foldhash::HashMap<String, RoomSent>>,
 }
 
 struct Connection {

@@ -103,9 +103,9 @@ pub struct Selection<'a> {
     /// The rooms to look at, with their merged configs.
     pub rooms: BTreeMap<&'a str, Arc<RoomConfig>>,
     /// Rooms by the list names that hold them.
-    pub in_lists: HashMap<&'a str, Vec<&'a str>>,
+    pub in_lists: foldhash::HashMap<&'a str, Vec<&'a str>>,
     /// Rooms subscribed to.
-    pub subscribed: HashSet<&'a str>,
+    pub subscribed: foldhash::HashSet<&'a str>,
 }
 
 /// Gives `room` `config`, merged with the one it has already.
@@ -137,7 +137,7 @@ pub fn select<'a>(body: &'a Body, candidates: &'a [Candidate<'_>], facts: &Facts
         let passing: Vec<&'a Candidate<'_>> =
             candidates.iter().filter(|c| c.listed && passes(c, &list.filters, facts)).collect();
         let mut ids: Vec<&'a str> = Vec::new();
-        let mut seen: HashSet<&str> = HashSet::new();
+        let mut seen: foldhash::HashSet<&str> = foldhash::HashSet::default();
         for &(start, end) in &list.ranges {
             let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else { continue };
             if start >= passing.len() {
@@ -158,7 +158,10 @@ pub fn select<'a>(body: &'a Body, candidates: &'a [Candidate<'_>], facts: &Facts
         }
         out.lists.insert(name.as_str(), (passing.len(), ids));
     }
-    let known: HashSet<&str> = candidates.iter().map(|c| c.room.room_id.as_str()).collect();
+    if body.room_subscriptions.is_empty() {
+        return out;
+    }
+    let known: foldhash::HashSet<&str> = candidates.iter().map(|c| c.room.room_id.as_str()).collect();
     for (room, config) in &body.room_subscriptions {
         // Rooms the user has no membership of (or that do not exist) are
         // left out without a word.

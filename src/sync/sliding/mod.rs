@@ -203,7 +203,7 @@ async fn build(
     held: Option<&Snapshot>,
     listed: &[Arc<sliding::ListedRoom>],
     now: Token,
-    moved_since: Option<HashSet<String>>,
+    moved_since: Option<foldhash::HashSet<String>>,
 ) -> Result<(Value, bool, Snapshot)> {
     let user = me.user_id.as_str();
     let clock = Instant::now();
@@ -287,41 +287,43 @@ async fn build(
     // Configs are compared once per pair of shared configs (a list's rooms
     // share one), not once per room.
     let mut compared: Vec<(usize, usize, bool)> = Vec::new();
-    let mut live: HashSet<&str> = HashSet::new();
-    for (id, config) in &selection.rooms {
-        let Some(sent) = held.and_then(|h| h.rooms.get(*id)).filter(|s| s.sent == Sent::Live) else {
-            continue;
-        };
-        let pair = (Arc::as_ptr(&sent.config) as usize, Arc::as_ptr(config) as usize);
-        let same = match compared.iter().find(|(a, b, _)| (*a, *b) == pair) {
-            Some(&(_, _, same)) => same,
-            None => {
-                let same = sent.config == *config;
-                compared.push((pair.0, pair.1, same));
-                same
-            }
-        };
-        if same {
-            live.insert(id);
-        }
-    }
-    let moved: HashSet<String> = match moved_since {
+    let marked: Vec<(&str, bool)> = selection
+        .rooms
+        .iter()
+        .map(|(id, config)| {
+            let Some(sent) = held.and_then(|h| h.rooms.get(*id)).filter(|s| s.sent == Sent::Live) else {
+                return (*id, false);
+            };
+            let pair = (Arc::as_ptr(&sent.config) as usize, Arc::as_ptr(config) as usize);
+            let same = match compared.iter().find(|(a, b, _)| (*a, *b) == pair) {
+                Some(&(_, _, same)) => same,
+                None => {
+                    let same = sent.config == *config;
+                    compared.push((pair.0, pair.1, same));
+                    same
+                }
+            };
+            (*id, same)
+        })
+        .collect();
+    let live = marked.iter().filter(|(_, live)| *live).count();
+    let moved: foldhash::HashSet<String> = match moved_since {
         // A woken pass: the earlier one found nothing new, so only the
         // rooms the stream log says moved since can have something.
         Some(rooms) => rooms,
-        None if live.is_empty() => HashSet::new(),
+        None if live == 0 => foldhash::HashSet::default(),
         None => {
-            let live: Vec<&str> = live.iter().copied().collect();
+            let live: Vec<&str> = marked.iter().filter(|(_, live)| *live).map(|(id, _)| *id).collect();
             events::rooms_changed(&state.db, &live, since, now.stream).await?.into_iter().collect()
         }
     };
     let mut ids: Vec<&str> =
-        selection.rooms.keys().copied().filter(|id| !live.contains(id) || moved.contains(*id)).collect();
+        marked.iter().filter(|(id, live)| !live || moved.contains(*id)).map(|(id, _)| *id).collect();
     // Bounded work per answer: past a budget of timeline events the other
     // rooms wait for the next answer (which the client asks for at once:
     // this one says there is news).
     let mut budget = 0;
-    let deferred: HashSet<&str> = ids
+    let deferred: foldhash::HashSet<&str> = ids
         .iter()
         .filter(|id| {
             let limit = selection.rooms.get(**id).map_or(0, |c| c.timeline_limit.max(1));
@@ -330,7 +332,9 @@ async fn build(
         })
         .copied()
         .collect();
-    ids.retain(|id| !deferred.contains(id));
+    if !deferred.is_empty() {
+        ids.retain(|id| !deferred.contains(id));
+    }
     let mut views: HashMap<String, crate::storage::rooms::RoomRow> =
         crate::storage::rooms::get_many(&state.db, &ids)
             .await?
@@ -341,7 +345,15 @@ async fn build(
     let on_line: Vec<&str> = ids.iter().copied().filter(|id| views.contains_key(*id)).collect();
     let positions = sliding::positions(&state.db, &on_line, since, now.stream).await?;
     let ctx = room::Ctx { state, me, now, rules: &rules };
-    let by_id: HashMap<&str, &Candidate> = candidates.iter().map(|c| (c.room.room_id.as_str(), c)).collect();
+    // The candidates looked into, and those the typing extension may name.
+    let by_id: foldhash::HashMap<&str, &Candidate> = {
+        let wanted: foldhash::HashSet<&str> = ids.iter().copied().collect();
+        candidates
+            .iter()
+            .filter(|c| wanted.contains(c.room.room_id.as_str()))
+            .map(|c| (c.room.room_id.as_str(), c))
+            .collect()
+    };
     let mut rooms = Map::new();
     let mut whole: HashMap<String, Vec<String>> = HashMap::new();
     let mut receipts_of: HashMap<String, Vec<crate::storage::receipts::Receipt>> = HashMap::new();
@@ -383,21 +395,33 @@ async fn build(
     // What the client holds once it has this answer: the rooms selected now
     // live, the others as far as they were.
     let rooms_us = clock.elapsed().as_micros();
-    let mut snapshot = Snapshot { stream: now.stream, typing: now.typing, rooms: HashMap::new() };
-    if let Some(h) = held {
-        for (id, sent) in &h.rooms {
-            let until = match sent.sent {
-                Sent::Live => h.stream,
-                Sent::Until(t) => t,
-            };
-            snapshot
-                .rooms
-                .insert(id.clone(), RoomSent { sent: Sent::Until(until), config: sent.config.clone() });
+    // Every room held is selected again, live with the same config: the
+    // client's rooms are those of `held`, shared rather than copied.
+    let unchanged =
+        held.filter(|h| deferred.is_empty() && live == selection.rooms.len() && h.rooms.len() == live);
+    let rooms_sent = match unchanged {
+        Some(h) => h.rooms.clone(),
+        None => {
+            let mut sent = foldhash::HashMap::default();
+            if let Some(h) = held {
+                for (id, was) in h.rooms.iter() {
+                    let until = match was.sent {
+                        Sent::Live => h.stream,
+                        Sent::Until(t) => t,
+                    };
+                    sent.insert(
+                        id.clone(),
+                        RoomSent { sent: Sent::Until(until), config: was.config.clone() },
+                    );
+                }
+            }
+            for (id, config) in selection.rooms.iter().filter(|(id, _)| !deferred.contains(*id)) {
+                sent.insert((*id).to_owned(), RoomSent { sent: Sent::Live, config: config.clone() });
+            }
+            Arc::new(sent)
         }
-    }
-    for (id, config) in selection.rooms.iter().filter(|(id, _)| !deferred.contains(*id)) {
-        snapshot.rooms.insert((*id).to_owned(), RoomSent { sent: Sent::Live, config: config.clone() });
-    }
+    };
+    let snapshot = Snapshot { stream: now.stream, typing: now.typing, rooms: rooms_sent };
 
     let snapshot_us = clock.elapsed().as_micros();
     let mut news = !rooms.is_empty() || !deferred.is_empty();
@@ -494,16 +518,33 @@ async fn build(
         let mut per_room = Map::new();
         // No typing notice moved since the client's position: only rooms
         // sent whole (all who type now) are looked at.
+        // Else the rooms where it moved, when fewer than those selected.
         let quiet = held.is_some_and(|h| h.typing == now.typing);
-        let maybe: Vec<&str> = if quiet {
-            whole.keys().map(String::as_str).collect()
-        } else {
-            selection.rooms.keys().copied().collect()
+        let mut maybe: Vec<&str> = whole.keys().map(String::as_str).collect();
+        let moved = match held {
+            Some(h) if !quiet => state.typing.rooms_changed(h.typing, now.typing, selection.rooms.len()),
+            _ => Some(Vec::new()),
         };
-        for id in maybe.into_iter().filter(|id| typing.covers(&selection, id)) {
-            if by_id.get(id).is_none_or(|c| c.membership() != Some("join")) {
-                continue;
+        match &moved {
+            Some(rooms) => {
+                maybe.extend(rooms.iter().map(String::as_str).filter(|id| selection.rooms.contains_key(id)))
             }
+            None => maybe = selection.rooms.keys().copied().collect(),
+        }
+        maybe.sort_unstable();
+        maybe.dedup();
+        maybe.retain(|id| typing.covers(&selection, id));
+        let joined: foldhash::HashSet<&str> = if maybe.is_empty() {
+            foldhash::HashSet::default()
+        } else {
+            let wanted: foldhash::HashSet<&str> = maybe.iter().copied().collect();
+            candidates
+                .iter()
+                .filter(|c| c.membership() == Some("join") && wanted.contains(c.room.room_id.as_str()))
+                .map(|c| c.room.room_id.as_str())
+                .collect()
+        };
+        for id in maybe.into_iter().filter(|id| joined.contains(id)) {
             let from = if whole.contains_key(id) { None } else { held.map(|h| h.typing) };
             if let Some(users) = state.typing.changed_since(id, from, now.typing) {
                 per_room
