@@ -28,6 +28,7 @@ backend_tests!(
     bump_stamp_moves_on_messages_only,
     filters_pick_invites_dms_encrypted_and_spaces,
     extensions_bring_receipts_typing_and_account_data,
+    rooms_answered_together_keep_their_own_counts_receipts_and_account_data,
     others_rooms_and_rooms_left_stay_hidden,
     a_request_for_too_much_is_answered_in_parts,
     rooms_of_another_server_appear_whole,
@@ -586,6 +587,77 @@ async fn extensions_bring_receipts_typing_and_account_data(backend: Backend) {
         woke["extensions"]["receipts"]["rooms"].as_object().unwrap().is_empty(),
         "no receipt news: {woke}"
     );
+}
+
+/// The rooms of one answer have their read marks, receipts and account
+/// data read together: each room still gets its own, and only its own.
+async fn rooms_answered_together_keep_their_own_counts_receipts_and_account_data(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw-alice-1").await;
+    let bob = server.register("bob", "pw-bob-1").await;
+    let mut rooms = Vec::new();
+    for _ in 0..3 {
+        let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+        join(&server, &bob, &room).await;
+        let mut sent = Vec::new();
+        for i in 0..3 {
+            sent.push(send(&server, &alice, &room, &format!("message {i}")).await);
+        }
+        rooms.push((room, sent));
+    }
+    let receipt = |user: &User, room: &str, id: &str| {
+        let path = room_path(room, &format!("/receipt/m.read/{}", enc(id)));
+        let token = user.token.clone();
+        let server = &server;
+        async move { server.post(&path, Some(&token), json!({})).await.0 }
+    };
+    // Bob read the first message of room 0 and two of room 1, none of room 2.
+    assert_eq!(receipt(&bob, &rooms[0].0, &rooms[0].1[0]).await, 200);
+    assert_eq!(receipt(&bob, &rooms[1].0, &rooms[1].1[1]).await, 200);
+    // Alice's own receipt in room 1 only, at its newest message.
+    assert_eq!(receipt(&alice, &rooms[1].0, &rooms[1].1[2]).await, 200);
+    for (i, tag) in [(0, "u.first"), (2, "u.third")] {
+        let path = format!("{V3}/user/{}/rooms/{}/tags/{tag}", enc(&bob.user_id), enc(&rooms[i].0));
+        assert_eq!(server.put(&path, Some(&bob.token), json!({})).await.0, 200);
+    }
+    let mut body = all_rooms(json!([[0, 9]]), 1);
+    body["extensions"] = json!({ "receipts": { "enabled": true }, "account_data": { "enabled": true } });
+    let answer = ss_ok(&server, &bob, None, 0, body).await;
+    let counts: Vec<&Value> = rooms.iter().map(|(r, _)| &answer["rooms"][r]["notification_count"]).collect();
+    assert_eq!(counts, vec![&json!(2), &json!(1), &json!(3)], "{answer}");
+    let ext = &answer["extensions"];
+    let tags = |i: usize| -> Vec<String> {
+        ext["account_data"]["rooms"][&rooms[i].0]
+            .as_array()
+            .map(|data| {
+                data.iter()
+                    .filter(|d| d["type"] == "m.tag")
+                    .flat_map(|d| d["content"]["tags"].as_object().unwrap().keys().cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!((tags(0), tags(1), tags(2)), (vec!["u.first".to_owned()], vec![], vec!["u.third".to_owned()]));
+    let read_by = |i: usize| -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        if let Some(content) = ext["receipts"]["rooms"][&rooms[i].0]["content"].as_object() {
+            for (event, kinds) in content {
+                for user in kinds["m.read"].as_object().into_iter().flat_map(|u| u.keys()) {
+                    found.push((event.clone(), user.clone()));
+                }
+            }
+        }
+        found.sort();
+        found
+    };
+    // Room 0: bob's own receipt (whatever event it is at); room 1: bob's
+    // own and alice's at the timeline's event; room 2: none.
+    assert_eq!(read_by(0), vec![(rooms[0].1[0].clone(), bob.user_id.clone())], "{ext}");
+    let mut both =
+        vec![(rooms[1].1[1].clone(), bob.user_id.clone()), (rooms[1].1[2].clone(), alice.user_id.clone())];
+    both.sort();
+    assert_eq!(read_by(1), both, "{ext}");
+    assert_eq!(read_by(2), vec![], "{ext}");
 }
 
 async fn others_rooms_and_rooms_left_stay_hidden(backend: Backend) {

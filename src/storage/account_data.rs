@@ -74,15 +74,23 @@ pub async fn changed_and_wanted(
     Ok((changed, wanted))
 }
 
-/// Every piece of `user`'s account data in `room_id`: (type, content).
-pub async fn of_room(db: &Db, user_id: &str, room_id: &str) -> Result<Vec<(String, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT data_type, content FROM account_data WHERE user_id = $1 AND room_id = $2 ORDER BY stream",
-    )
-    .bind(user_id)
-    .bind(room_id)
-    .fetch_all(&mut db.reader())
-    .await?)
+/// `user_id`'s account data in each of `room_ids`: (room, type, content),
+/// in the order it was written (up to [`super::VALUES_PER_STATEMENT`] rooms per statement).
+pub async fn of_rooms(db: &Db, user_id: &str, room_ids: &[&str]) -> Result<Vec<(String, String, String)>> {
+    let mut out = Vec::new();
+    for rooms in room_ids.chunks(super::VALUES_PER_STATEMENT) {
+        let sql = format!(
+            "SELECT room_id, data_type, content FROM account_data WHERE user_id = $1 AND room_id IN ({}) \
+             ORDER BY stream",
+            super::params(2, rooms.len())
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(user_id);
+        for room in rooms {
+            query = query.bind(*room);
+        }
+        out.extend(query.fetch_all(&mut db.reader()).await?);
+    }
+    Ok(out)
 }
 
 /// Stores a filter; returns its id.

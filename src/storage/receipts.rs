@@ -22,23 +22,50 @@ pub struct Receipt {
 
 /// A user's read receipts (public or private) in a room: the highest seq
 /// they reach per thread id ('' for unthreaded), as `columns` (where
-/// `r.thread_id` and `MAX(e.seq)` stand). `$1` is the room, `user` the
-/// user's placeholder.
-fn read_up_to_sql(columns: &str, user: &str) -> String {
+/// `r.room_id`, `r.thread_id` and `MAX(e.seq)` stand). `rooms` says which
+/// room (`= $1`, or an `IN (…)` list), `user` is the user's placeholder.
+fn read_up_to_sql(columns: &str, rooms: &str, user: &str) -> String {
     format!(
         "SELECT {columns} FROM receipts r JOIN events e ON e.event_id = r.event_id \
-         WHERE r.room_id = $1 AND r.user_id = {user} AND r.receipt_type IN ('m.read', 'm.read.private') \
-         GROUP BY r.thread_id"
+         WHERE r.room_id {rooms} AND r.user_id = {user} AND r.receipt_type IN ('m.read', 'm.read.private') \
+         GROUP BY r.room_id, r.thread_id"
     )
 }
 
 /// See [`read_up_to_sql`].
 pub async fn read_up_to(db: &Db, room_id: &str, user: &str) -> Result<Vec<(String, Option<i64>)>> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(read_up_to_sql("r.thread_id, MAX(e.seq)", "$2")))
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(read_up_to_sql("r.thread_id, MAX(e.seq)", "= $1", "$2")))
         .bind(room_id)
         .bind(user)
         .fetch_all(&mut db.reader())
         .await?)
+}
+
+/// [`read_up_to`] in each of `rooms`, every room present (with no marks
+/// when the user has no receipt there).
+pub async fn read_up_to_in(
+    db: &Db,
+    rooms: &[&str],
+    user: &str,
+) -> Result<std::collections::HashMap<String, Vec<(String, Option<i64>)>>> {
+    let mut out: std::collections::HashMap<String, Vec<(String, Option<i64>)>> =
+        rooms.iter().map(|r| ((*r).to_owned(), Vec::new())).collect();
+    for rooms in rooms.chunks(super::VALUES_PER_STATEMENT) {
+        let sql = read_up_to_sql(
+            "r.room_id, r.thread_id, MAX(e.seq)",
+            &format!("IN ({})", super::params(2, rooms.len())),
+            "$1",
+        );
+        let mut query =
+            sqlx::query_as::<_, (String, String, Option<i64>)>(sqlx::AssertSqlSafe(sql)).bind(user);
+        for room in rooms {
+            query = query.bind(*room);
+        }
+        for (room, thread, seq) in query.fetch_all(&mut db.reader()).await? {
+            out.entry(room).or_default().push((thread, seq));
+        }
+    }
+    Ok(out)
 }
 
 /// A row of [`changed_and_read_up_to`]: a receipt's columns, then the seq
@@ -57,7 +84,7 @@ pub async fn changed_and_read_up_to(
     user: &str,
 ) -> Result<(Vec<Receipt>, Vec<(String, Option<i64>)>)> {
     // The read marks' rows come with the receipts' columns blank.
-    let marks = read_up_to_sql("'', '', '', r.thread_id, '', 0, MAX(e.seq), 1, 0", "$4");
+    let marks = read_up_to_sql("'', '', '', r.thread_id, '', 0, MAX(e.seq), 1, 0", "= $1", "$4");
     let rows: Vec<ReceiptOrMark> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts, NULL, 0, stream FROM receipts \
          WHERE room_id = $1 AND stream > $2 AND stream <= $3 \
@@ -100,42 +127,54 @@ pub async fn put(db: &Db, r: &Receipt, stream: i64) -> Result<()> {
     Ok(())
 }
 
-/// The receipts of `room_id` at any of `event_ids`, and `user`'s own
-/// wherever they are (what a room sent whole carries, sliding sync's
-/// receipts extension).
-pub async fn at_events_and_own(
-    db: &Db,
-    room_id: &str,
-    event_ids: &[&str],
-    user: &str,
-) -> Result<Vec<Receipt>> {
-    let sql = format!(
-        "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts FROM receipts \
-         WHERE room_id = $1 AND (user_id = $2{}) ORDER BY stream",
-        if event_ids.is_empty() {
+/// For each room of `rooms` (with events of its timeline): the receipts
+/// at those events and `user`'s own receipts there, in the order they were
+/// written (rooms and events up to [`super::VALUES_PER_STATEMENT`] values
+/// per statement; a room's events are never split).
+pub async fn at_events_and_own(db: &Db, rooms: &[(&str, &[String])], user: &str) -> Result<Vec<Receipt>> {
+    let mut out = Vec::new();
+    let mut batches: Vec<&[(&str, &[String])]> = Vec::new();
+    let (mut start, mut values) = (0, 0);
+    for (i, (_, ids)) in rooms.iter().enumerate() {
+        if i > start && values + 1 + ids.len() > super::VALUES_PER_STATEMENT {
+            batches.push(&rooms[start..i]);
+            (start, values) = (i, 0);
+        }
+        values += 1 + ids.len();
+    }
+    batches.push(&rooms[start..]);
+    for rooms in batches.into_iter().filter(|b| !b.is_empty()) {
+        let events: Vec<&str> = rooms.iter().flat_map(|(_, ids)| ids.iter().map(String::as_str)).collect();
+        let in_rooms = super::params(2, rooms.len());
+        let at_events = if events.is_empty() {
             String::new()
         } else {
-            format!(" OR event_id IN ({})", super::params(3, event_ids.len()))
+            format!(" OR event_id IN ({})", super::params(2 + rooms.len(), events.len()))
+        };
+        // An event id names one room: a receipt at one is of that room.
+        let sql = format!(
+            "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts FROM receipts \
+             WHERE room_id IN ({in_rooms}) AND (user_id = $1{at_events}) ORDER BY stream"
+        );
+        let mut query =
+            sqlx::query_as::<_, (String, String, String, String, String, i64)>(sqlx::AssertSqlSafe(sql))
+                .bind(user);
+        for (room, _) in rooms {
+            query = query.bind(*room);
         }
-    );
-    let mut query =
-        sqlx::query_as::<_, (String, String, String, String, String, i64)>(sqlx::AssertSqlSafe(sql))
-            .bind(room_id)
-            .bind(user);
-    for id in event_ids {
-        query = query.bind(*id);
+        for id in events {
+            query = query.bind(id);
+        }
+        out.extend(query.fetch_all(&mut db.reader()).await?.into_iter().map(
+            |(room_id, user_id, receipt_type, thread_id, event_id, ts)| Receipt {
+                room_id,
+                user_id,
+                receipt_type,
+                thread_id,
+                event_id,
+                ts,
+            },
+        ));
     }
-    Ok(query
-        .fetch_all(&mut db.reader())
-        .await?
-        .into_iter()
-        .map(|(room_id, user_id, receipt_type, thread_id, event_id, ts)| Receipt {
-            room_id,
-            user_id,
-            receipt_type,
-            thread_id,
-            event_id,
-            ts,
-        })
-        .collect())
+    Ok(out)
 }

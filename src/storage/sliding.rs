@@ -118,7 +118,11 @@ pub struct Positions {
 
 /// [`Positions`] of each of `rooms` at stream position `now`, the client
 /// holding them up to `since`: one statement for all (three index walks
-/// per room), instead of three per room.
+/// per room), instead of three per room. The bump stamp walks the room's
+/// events other than memberships down from the newest (`+stream` keeps
+/// SQLite from reading every event of the room by stream instead and
+/// sorting them: a thousand joins since the last message cost a thousand
+/// rows that way).
 pub async fn positions(
     db: &Db,
     rooms: &[&str],
@@ -126,19 +130,8 @@ pub async fn positions(
     now: i64,
 ) -> Result<std::collections::HashMap<String, Positions>> {
     let mut out = std::collections::HashMap::new();
-    let kinds = super::params(3, BUMP_TYPES.len());
     for chunk in rooms.chunks(super::outliers::IDS_PER_QUERY) {
-        let sql = format!(
-            "SELECT r.room_id, \
-               (SELECT seq FROM events WHERE room_id = r.room_id AND stream <= $1 AND stream > 0 \
-                ORDER BY stream DESC LIMIT 1), \
-               (SELECT seq FROM events WHERE room_id = r.room_id AND stream <= $2 AND stream > 0 \
-                ORDER BY stream DESC LIMIT 1), \
-               (SELECT stream FROM events WHERE room_id = r.room_id AND stream <= $1 AND stream > 0 \
-                AND event_type IN ({kinds}) ORDER BY seq DESC LIMIT 1) \
-             FROM rooms r WHERE r.room_id IN ({})",
-            super::params(3 + BUMP_TYPES.len(), chunk.len())
-        );
+        let sql = positions_sql(chunk.len());
         let mut query =
             sqlx::query_as::<_, (String, Option<i64>, Option<i64>, Option<i64>)>(sqlx::AssertSqlSafe(sql))
                 .bind(now)
@@ -158,4 +151,21 @@ pub async fn positions(
         }
     }
     Ok(out)
+}
+
+/// The statement of [`positions`] for `rooms` rooms: $1 now, $2 since, then
+/// the bump types, then the rooms.
+pub(in crate::storage) fn positions_sql(rooms: usize) -> String {
+    format!(
+        "SELECT r.room_id, \
+           (SELECT seq FROM events WHERE room_id = r.room_id AND stream <= $1 AND stream > 0 \
+            ORDER BY stream DESC LIMIT 1), \
+           (SELECT seq FROM events WHERE room_id = r.room_id AND stream <= $2 AND stream > 0 \
+            ORDER BY stream DESC LIMIT 1), \
+           (SELECT stream FROM events WHERE room_id = r.room_id AND +stream <= $1 AND +stream > 0 \
+            AND event_type <> 'm.room.member' AND event_type IN ({}) ORDER BY seq DESC LIMIT 1) \
+         FROM rooms r WHERE r.room_id IN ({})",
+        super::params(3, BUMP_TYPES.len()),
+        super::params(3 + BUMP_TYPES.len(), rooms)
+    )
 }

@@ -88,8 +88,9 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
         // A connection without lists or subscriptions (Element X's
         // encryption one) watches no room: only what wakes the user alone
         // (to-device messages, device lists, account data) concerns it.
-        let rooms_wanted = !body.lists.is_empty() || !body.room_subscriptions.is_empty();
-        let joined = candidates.iter().filter(|r| rooms_wanted && r.open.as_deref() == Some("join"));
+        // Nor does a first request, which answers at once.
+        let watching = held.is_some() && (!body.lists.is_empty() || !body.room_subscriptions.is_empty());
+        let joined = candidates.iter().filter(|r| watching && r.open.as_deref() == Some("join"));
         // The watch stands across passes while the rooms joined stay the same.
         let fingerprint = {
             use std::hash::{Hash, Hasher};
@@ -344,7 +345,16 @@ async fn build(
 
     let on_line: Vec<&str> = ids.iter().copied().filter(|id| views.contains_key(*id)).collect();
     let positions = sliding::positions(&state.db, &on_line, since, now.stream).await?;
-    let ctx = room::Ctx { state, me, now, rules: &rules };
+    // The read marks of the rooms never sent (what their unread counts
+    // start from), in one read.
+    let never_sent: Vec<&str> =
+        on_line.iter().copied().filter(|id| held.is_none_or(|h| !h.rooms.contains_key(*id))).collect();
+    let marks = if never_sent.is_empty() {
+        HashMap::new()
+    } else {
+        crate::storage::receipts::read_up_to_in(&state.db, &never_sent, user).await?
+    };
+    let ctx = room::Ctx { state, me, now, rules: &rules, marks: &marks };
     // The candidates looked into, and those the typing extension may name.
     let by_id: foldhash::HashMap<&str, &Candidate> = {
         let wanted: foldhash::HashSet<&str> = ids.iter().copied().collect();
@@ -469,13 +479,18 @@ async fn build(
         maybe.extend(changed_data.iter().map(|(room, _, _)| room.as_str()).filter(|r| !r.is_empty()));
         maybe.sort_unstable();
         maybe.dedup();
-        for id in maybe.into_iter().filter(|id| account.covers(&selection, id)) {
+        maybe.retain(|id| account.covers(&selection, id));
+        // What the rooms sent whole hold, all in one read.
+        let sent_whole: Vec<&str> = maybe.iter().copied().filter(|id| whole.contains_key(*id)).collect();
+        let mut of_whole: HashMap<String, Vec<Value>> = HashMap::new();
+        if !sent_whole.is_empty() {
+            for (room, kind, content) in account_data::of_rooms(&state.db, user, &sent_whole).await? {
+                of_whole.entry(room).or_default().push(json!({ "type": kind, "content": parse(&content) }));
+            }
+        }
+        for id in maybe {
             let data: Vec<Value> = if whole.contains_key(id) {
-                account_data::of_room(&state.db, user, id)
-                    .await?
-                    .into_iter()
-                    .map(|(kind, content)| json!({ "type": kind, "content": parse(&content) }))
-                    .collect()
+                of_whole.remove(id).unwrap_or_default()
             } else {
                 changed_data
                     .iter()
@@ -498,13 +513,23 @@ async fn build(
         maybe.extend(receipts_of.iter().filter(|(_, r)| !r.is_empty()).map(|(id, _)| id.clone()));
         maybe.sort_unstable();
         maybe.dedup();
-        for id in maybe.iter().map(String::as_str).filter(|id| receipts.covers(&selection, id)) {
-            let found = match whole.get(id) {
-                Some(timeline) => {
-                    let ids: Vec<&str> = timeline.iter().map(String::as_str).collect();
-                    crate::storage::receipts::at_events_and_own(&state.db, id, &ids, user).await?
-                }
-                None => receipts_of.remove(id).unwrap_or_default(),
+        maybe.retain(|id| receipts.covers(&selection, id));
+        // Those at the timelines of the rooms sent whole, all in one read.
+        let sent_whole: Vec<(&str, &[String])> = maybe
+            .iter()
+            .filter_map(|id| whole.get(id).map(|timeline| (id.as_str(), timeline.as_slice())))
+            .collect();
+        let mut of_whole: HashMap<String, Vec<crate::storage::receipts::Receipt>> = HashMap::new();
+        if !sent_whole.is_empty() {
+            for receipt in crate::storage::receipts::at_events_and_own(&state.db, &sent_whole, user).await? {
+                of_whole.entry(receipt.room_id.clone()).or_default().push(receipt);
+            }
+        }
+        for id in maybe.iter().map(String::as_str) {
+            let found = if whole.contains_key(id) {
+                of_whole.remove(id).unwrap_or_default()
+            } else {
+                receipts_of.remove(id).unwrap_or_default()
             };
             if let Some(event) = ext::receipt_event(&found, user) {
                 per_room.insert(id.to_owned(), event);

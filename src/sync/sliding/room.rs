@@ -28,6 +28,9 @@ pub struct Ctx<'a> {
     pub now: Token,
     /// The user's push rules (for the unread counts).
     pub rules: &'a Arc<Ruleset>,
+    /// The user's read marks in the rooms never sent on the connection,
+    /// read for all of them at once (a room missing here reads its own).
+    pub marks: &'a std::collections::HashMap<String, Vec<(String, Option<i64>)>>,
 }
 
 /// What the client holds of a room before this answer.
@@ -224,7 +227,10 @@ pub async fn build(
             receipts::changed_and_read_up_to(&state.db, room_id, since, ctx.now.stream, me.user_id.as_str())
                 .await?
         }
-        None => (Vec::new(), receipts::read_up_to(&state.db, room_id, me.user_id.as_str()).await?),
+        None => match ctx.marks.get(room_id) {
+            Some(marks) => (Vec::new(), marks.clone()),
+            None => (Vec::new(), receipts::read_up_to(&state.db, room_id, me.user_id.as_str()).await?),
+        },
     };
     let own_receipt = receipts_changed.iter().any(|r| r.user_id == me.user_id.as_str());
     let news =
