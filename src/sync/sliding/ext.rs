@@ -50,8 +50,13 @@ impl Ext {
         if !self.enabled {
             return false;
         }
-        let by_list = selection.in_lists.get(id).is_some_and(|lists| {
-            self.lists.as_ref().is_none_or(|wanted| lists.iter().any(|l| wanted.iter().any(|w| w == l)))
+        let by_list = selection.in_lists.get(id).is_some_and(|&bits| match &self.lists {
+            None => bits != 0,
+            Some(wanted) => selection
+                .lists
+                .keys()
+                .enumerate()
+                .any(|(i, name)| bits & (1 << i.min(127)) != 0 && wanted.iter().any(|w| w == name)),
         });
         let by_subscription = selection.subscribed.contains(id)
             && self.rooms.as_ref().is_none_or(|wanted| wanted.iter().any(|r| r == id));
@@ -95,7 +100,8 @@ mod tests {
             ("receipts".to_owned(), json!({ "enabled": false })),
         ]);
         let selection = Selection {
-            in_lists: [("!a", vec!["all"]), ("!b", vec!["dms"])].into_iter().collect(),
+            lists: [("all", (1, vec!["!a"])), ("dms", (1, vec!["!b"]))].into_iter().collect(),
+            in_lists: [("!a", 0b01), ("!b", 0b10)].into_iter().collect(),
             subscribed: ["!c"].into_iter().collect(),
             ..Selection::default()
         };

@@ -102,8 +102,9 @@ pub struct Selection<'a> {
     pub lists: BTreeMap<&'a str, (usize, Vec<&'a str>)>,
     /// The rooms to look at, with their merged configs.
     pub rooms: BTreeMap<&'a str, Arc<RoomConfig>>,
-    /// Rooms by the list names that hold them.
-    pub in_lists: foldhash::HashMap<&'a str, Vec<&'a str>>,
+    /// Rooms by the lists that hold them: bit `i` for the `i`-th list of
+    /// `lists` (at most [`super::request::MAX_LISTS`], under 128).
+    pub in_lists: foldhash::HashMap<&'a str, u128>,
     /// Rooms subscribed to.
     pub subscribed: foldhash::HashSet<&'a str>,
 }
@@ -137,6 +138,7 @@ pub fn select<'a>(body: &'a Body, candidates: &'a [Candidate<'_>], facts: &Facts
         let passing: Vec<&'a Candidate<'_>> =
             candidates.iter().filter(|c| c.listed && passes(c, &list.filters, facts)).collect();
         let mut ids: Vec<&'a str> = Vec::new();
+        // Ranges may overlap: a room is taken once (one range needs no look).
         let mut seen: foldhash::HashSet<&str> = foldhash::HashSet::default();
         for &(start, end) in &list.ranges {
             let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else { continue };
@@ -145,16 +147,24 @@ pub fn select<'a>(body: &'a Body, candidates: &'a [Candidate<'_>], facts: &Facts
             }
             for c in &passing[start..=end.min(passing.len() - 1)] {
                 let id: &'a str = c.room.room_id.as_str();
-                if seen.insert(id) {
+                if list.ranges.len() == 1 || seen.insert(id) {
                     ids.push(id);
                 }
             }
         }
         // Rooms of one list share its config; one in several gets them merged.
         let config = Arc::new(list.config.clone());
+        if out.rooms.is_empty() {
+            // The first list: its rooms all at once, sorted then built.
+            out.rooms = ids.iter().map(|id| (*id, config.clone())).collect();
+        } else {
+            for id in &ids {
+                add(&mut out.rooms, id, &config);
+            }
+        }
+        let bit = 1_u128 << out.lists.len().min(127);
         for id in &ids {
-            add(&mut out.rooms, id, &config);
-            out.in_lists.entry(*id).or_default().push(name.as_str());
+            *out.in_lists.entry(*id).or_default() |= bit;
         }
         out.lists.insert(name.as_str(), (passing.len(), ids));
     }
@@ -220,6 +230,8 @@ mod tests {
                     "plain".to_owned(),
                     list(vec![(1, 5)], Filters { is_encrypted: Some(false), ..Filters::default() }),
                 ),
+                // Overlapping ranges: each room once, in the ranges' order.
+                ("twice".to_owned(), list(vec![(1, 2), (0, 1)], Filters::default())),
             ]),
             ..request::Body::default()
         };
@@ -229,8 +241,9 @@ mod tests {
         assert_eq!(got.lists["all"], (4, vec!["!b", "!c"]));
         assert_eq!(got.lists["invites"], (1, vec!["!b"]));
         assert_eq!(got.lists["plain"], (3, vec!["!d", "!a"]));
+        assert_eq!(got.lists["twice"], (4, vec!["!c", "!d", "!b"]));
         assert_eq!(got.rooms.len(), 4);
-        assert_eq!(got.in_lists["!b"], vec!["all", "invites"]);
+        assert_eq!(got.in_lists["!b"], 0b1011, "in the lists \"all\", \"invites\" and \"twice\"");
     }
 
     #[test]
