@@ -25,6 +25,7 @@ backend_tests!(
     timeline_limit_prev_batch_and_required_state,
     invite_join_and_kick_are_told_as_element_x_reads_them,
     to_device_extension_wakes_and_acknowledges,
+    a_waiting_request_wakes_with_account_data_and_device_lists,
     bump_stamp_moves_on_messages_only,
     filters_pick_invites_dms_encrypted_and_spaces,
     extensions_bring_receipts_typing_and_account_data,
@@ -456,6 +457,43 @@ async fn to_device_extension_wakes_and_acknowledges(backend: Backend) {
     assert_eq!(acked["extensions"]["to_device"]["events"], json!([]), "{acked}");
     let old_since = ss_ok(&server, &bob, None, 0, encryption(Some(&since))).await;
     assert_eq!(old_since["extensions"]["to_device"]["events"], json!([]), "deleted once acknowledged");
+}
+
+/// A long-poll's passes keep what they read besides the rooms while the
+/// stream log says nothing of it moved: account data and device lists that
+/// move while it waits still come in the answer they wake.
+async fn a_waiting_request_wakes_with_account_data_and_device_lists(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw-alice-1").await;
+    let bob = server.register("bob", "pw-bob-1").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
+    join(&server, &bob, &room).await;
+    let mut body = all_rooms(json!([[0, 9]]), 1);
+    body["extensions"] = json!({ "account_data": { "enabled": true }, "e2ee": { "enabled": true } });
+    let first = ss_ok(&server, &bob, None, 0, body.clone()).await;
+    // Something else wakes it first (a message), then bob's account data.
+    let waiting = spawn_ss(&server, &bob, &pos(&first), 20_000, body.clone());
+    let id = send(&server, &alice, &room, "first wake").await;
+    let woke = woken(waiting, "message").await;
+    assert_eq!(woke["rooms"][&room]["timeline"][0]["event_id"], id.as_str(), "{woke}");
+    let waiting = spawn_ss(&server, &bob, &pos(&woke), 20_000, body.clone());
+    let path = format!("{V3}/user/{}/account_data/u.custom", enc(&bob.user_id));
+    assert_eq!(server.put(&path, Some(&bob.token), json!({ "n": 1 })).await.0, 200);
+    let woke = woken(waiting, "account data").await;
+    let global = woke["extensions"]["account_data"]["global"].as_array().expect("global").clone();
+    assert!(global.iter().any(|d| d["type"] == "u.custom" && d["content"]["n"] == 1), "{woke}");
+    // Alice's new device uploads its keys: bob, who shares a room with her,
+    // hears of it.
+    let phone = server.login("alice", "pw-alice-1").await;
+    let waiting = spawn_ss(&server, &bob, &pos(&woke), 20_000, body.clone());
+    let key = complement_tests::e2ee::Key::new("alice-phone");
+    let keys = complement_tests::e2ee::device_keys(&phone.user_id, &phone.device_id, &key);
+    let (status, _) =
+        server.post(&format!("{V3}/keys/upload"), Some(&phone.token), json!({ "device_keys": keys })).await;
+    assert_eq!(status, 200);
+    let woke = woken(waiting, "device list").await;
+    let changed = woke["extensions"]["e2ee"]["device_lists"]["changed"].as_array().expect("changed").clone();
+    assert!(changed.iter().any(|u| u == alice.user_id.as_str()), "{woke}");
 }
 
 async fn bump_stamp_moves_on_messages_only(backend: Backend) {

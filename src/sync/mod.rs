@@ -249,7 +249,7 @@ struct Listed {
 
 /// Account data changed in a window ((room, type, content)) and the user's
 /// push rules and ignored list ((type, content)), as one read returns them.
-type AccountRead = (Vec<(String, String, String)>, Vec<(String, String)>);
+pub(crate) type AccountRead = (Vec<(String, String, String)>, Vec<(String, String)>);
 
 /// The earlier pass of a woken request, and what moved since.
 struct Reuse<'a> {

@@ -73,8 +73,10 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
     // The user's room list as last read (by this request or an earlier
     // one), and the position it was read at: shared, not copied.
     let mut last = state.sliding.room_list(user);
-    // The position the last pass was built at (it found nothing new).
+    // The position the last pass was built at (it found nothing new), and
+    // what it read besides the rooms.
     let mut last_pass: Option<i64> = None;
+    let mut kept: Option<Reads> = None;
     // The rooms watched for wake-ups, and their watch.
     let mut watch: Option<(u64, crate::streams::RoomWatch<'_>)> = None;
     loop {
@@ -104,14 +106,14 @@ pub async fn sync(state: &AppState, me: &Requester, req: Request) -> Result<Valu
         }
         let now = Token { stream: state.streams.position(), typing: state.typing.serial(), to_device: None };
         // The pass's reads run back to back on one held connection.
-        // Woken: the rooms with events or receipts since the last pass,
-        // from the stream log (when it still reaches back that far).
-        let moved_since = last_pass
-            .and_then(|at| state.streams.changes_between(user, at, now.stream))
-            .map(|m| m.rooms.into_keys().collect());
+        // Woken: what moved since the last pass, from the stream log (when
+        // it still reaches back that far); the rest of its reads stand.
+        let moved = last_pass.and_then(|at| state.streams.changes_between(user, at, now.stream));
+        let reuse = moved.and_then(|moved| kept.take().map(|reads| (reads, moved)));
         let listed_us = started.elapsed().as_micros();
-        let (mut answer, news, snapshot) =
-            state.db.pinned(build(state, me, body, held.as_deref(), candidates, now, moved_since)).await??;
+        let (mut answer, news, snapshot, reads) =
+            state.db.pinned(build(state, me, body, held.as_deref(), candidates, now, reuse)).await??;
+        kept = Some(reads);
         tracing::debug!(
             conn = body.conn_id,
             woken = last_pass.is_some(),
@@ -195,8 +197,23 @@ async fn space_children(
     Ok(out)
 }
 
+/// What a pass read besides the rooms, kept for the next pass of the same
+/// request: a read over `(since, now]` equals the one over `(since, last
+/// pass]` while no write in between touched it (the stream log says which).
+#[derive(Debug, Clone)]
+struct Reads {
+    /// Account data changed, and the push rules, ignored users and `m.direct`.
+    account: crate::sync::AccountRead,
+    /// To-device messages, key counts and remote invites.
+    window: keys::DeviceWindow,
+    /// Device lists changed and left (read only for `e2ee` on a position).
+    devices: Option<(Vec<String>, Vec<String>)>,
+}
+
 /// Builds an answer at `now` for a client holding `held`: the body (without
-/// `pos`), whether it carries news, and what the client holds once it has it.
+/// `pos`), whether it carries news, what the client holds once it has it,
+/// and what was read besides the rooms. `reuse`: a woken pass's earlier
+/// reads and what moved since them.
 async fn build(
     state: &AppState,
     me: &Requester,
@@ -204,19 +221,31 @@ async fn build(
     held: Option<&Snapshot>,
     listed: &[Arc<sliding::ListedRoom>],
     now: Token,
-    moved_since: Option<foldhash::HashSet<String>>,
-) -> Result<(Value, bool, Snapshot)> {
+    reuse: Option<(Reads, crate::streams::Moved)>,
+) -> Result<(Value, bool, Snapshot, Reads)> {
     let user = me.user_id.as_str();
     let clock = Instant::now();
     let since = held.map_or(0, |h| h.stream);
-    let (changed_data, personal) = account_data::changed_and_wanted(
-        &state.db,
-        user,
-        since,
-        now.stream,
-        &["m.push_rules", "m.ignored_user_list", "m.direct"],
-    )
-    .await?;
+    let (kept, log) = match reuse {
+        Some((reads, moved)) => (Some(reads), Some(moved)),
+        None => (None, None),
+    };
+    let moved_since: Option<foldhash::HashSet<String>> =
+        log.as_ref().map(|m| m.rooms.keys().cloned().collect());
+    let account_read = match (&kept, &log) {
+        (Some(k), Some(m)) if !m.account_data => k.account.clone(),
+        _ => {
+            account_data::changed_and_wanted(
+                &state.db,
+                user,
+                since,
+                now.stream,
+                &["m.push_rules", "m.ignored_user_list", "m.direct"],
+            )
+            .await?
+        }
+    };
+    let (changed_data, personal) = &account_read;
     let stored = |kind: &str| personal.iter().find(|(k, _)| k == kind).map(|(_, c)| c.as_str());
     let rules = crate::notify::rules_from(state, &me.user_id, stored("m.push_rules"))?;
     let mut facts = Facts {
@@ -229,16 +258,21 @@ async fn build(
     // counts, and every pending invite into a room on another server.
     let to_device = Ext::of(&body.extensions, "to_device");
     let acked = if to_device.enabled { to_device.since().unwrap_or(0) } else { now.stream };
-    let window = keys::device_window(
-        &state.db,
-        user,
-        me.device_id.as_str(),
-        acked,
-        0,
-        now.stream,
-        to_device.limit() + 1,
-    )
-    .await?;
+    let window = match (&kept, &log) {
+        (Some(k), Some(m)) if !m.device => k.window.clone(),
+        _ => {
+            keys::device_window(
+                &state.db,
+                user,
+                me.device_id.as_str(),
+                acked,
+                0,
+                now.stream,
+                to_device.limit() + 1,
+            )
+            .await?
+        }
+    };
 
     let read_us = clock.elapsed().as_micros();
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
@@ -436,6 +470,7 @@ async fn build(
     let snapshot_us = clock.elapsed().as_micros();
     let mut news = !rooms.is_empty() || !deferred.is_empty();
     let mut extensions = Map::new();
+    let mut devices = None;
     if to_device.enabled {
         let limit = usize::try_from(to_device.limit()).unwrap_or(100);
         let more = window.to_device.len() > limit;
@@ -456,10 +491,19 @@ async fn build(
             "device_unused_fallback_key_types": window.fallback,
         });
         if held.is_some() {
-            let (changed, left, _) =
-                crate::sync::device_list_movement(state, &me.user_id, since, now.stream).await?;
+            let (changed, left) = match (&kept, &log) {
+                (Some(Reads { devices: Some(d), .. }), Some(m)) if !m.device_lists && !m.any_membership => {
+                    d.clone()
+                }
+                _ => {
+                    let (changed, left, _) =
+                        crate::sync::device_list_movement(state, &me.user_id, since, now.stream).await?;
+                    (changed, left)
+                }
+            };
             news |= !changed.is_empty() || !left.is_empty();
             e2ee["device_lists"] = json!({ "changed": changed, "left": left });
+            devices = Some((changed, left));
         }
         extensions.insert("e2ee".into(), e2ee);
     }
@@ -594,7 +638,7 @@ async fn build(
         .map(|(name, (count, _))| ((*name).to_owned(), json!({ "count": count })))
         .collect();
     let answer = json!({ "lists": lists, "rooms": rooms, "extensions": extensions });
-    Ok((answer, news, snapshot))
+    Ok((answer, news, snapshot, Reads { account: account_read, window, devices }))
 }
 
 fn parse(content: &str) -> Value {
