@@ -482,15 +482,10 @@ async fn a_waiting_request_wakes_with_account_data_and_device_lists(backend: Bac
     let woke = woken(waiting, "account data").await;
     let global = woke["extensions"]["account_data"]["global"].as_array().expect("global").clone();
     assert!(global.iter().any(|d| d["type"] == "u.custom" && d["content"]["n"] == 1), "{woke}");
-    // Alice's new device uploads its keys: bob, who shares a room with her,
-    // hears of it.
-    let phone = server.login("alice", "pw-alice-1").await;
+    // Alice logs in on a new device: bob, who shares a room with her, hears
+    // of it (before its keys, as Synapse tells of a new device).
     let waiting = spawn_ss(&server, &bob, &pos(&woke), 20_000, body.clone());
-    let key = complement_tests::e2ee::Key::new("alice-phone");
-    let keys = complement_tests::e2ee::device_keys(&phone.user_id, &phone.device_id, &key);
-    let (status, _) =
-        server.post(&format!("{V3}/keys/upload"), Some(&phone.token), json!({ "device_keys": keys })).await;
-    assert_eq!(status, 200);
+    server.login("alice", "pw-alice-1").await;
     let woke = woken(waiting, "device list").await;
     let changed = woke["extensions"]["e2ee"]["device_lists"]["changed"].as_array().expect("changed").clone();
     assert!(changed.iter().any(|u| u == alice.user_id.as_str()), "{woke}");

@@ -217,7 +217,7 @@ pub async fn issue_session(
     let lifetime = state.settings.access_token_lifetime_ms;
     let refresh_token = refresh.then(new_access_token);
     let refresh_hash = refresh_token.as_deref().map(hash_token);
-    devices::login(
+    let created = devices::login(
         &state.db,
         user_id.as_str(),
         device_id.as_str(),
@@ -233,6 +233,12 @@ pub async fn issue_session(
     // A login with an existing device id replaced that device's token: the
     // old one is forgotten once the new one is stored.
     state.tokens.forget_device(user_id.as_str(), device_id.as_str());
+    // A new device is a change of the user's device list: those who share
+    // a room with the user, here and on other servers, hear of it (as of
+    // its keys when it uploads them).
+    if created {
+        e2ee::device_list_changed(state, user_id, e2ee::DeviceChange::Devices(&[device_id.as_str()])).await?;
+    }
     Ok(Session {
         user_id: user_id.to_owned(),
         device_id,

@@ -37,7 +37,7 @@ pub struct TokenOwner {
 /// Gives the device a new token, creating the device if it does not exist
 /// (an existing device keeps its display name: the spec ignores
 /// `initial_device_display_name` for a known device). The pushers set with
-/// the device's previous token go with it.
+/// the device's previous token go with it. True when the device is new.
 #[allow(clippy::too_many_arguments)]
 pub async fn login(
     db: &Db,
@@ -48,8 +48,14 @@ pub async fn login(
     refresh: Option<Refresh<'_>>,
     now: i64,
     ip: Option<&str>,
-) -> Result<()> {
+) -> Result<bool> {
     let mut tx = db.begin_write().await?;
+    let existed: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM devices WHERE user_id = $1 AND device_id = $2")
+            .bind(user_id)
+            .bind(device_id)
+            .fetch_optional(tx.conn())
+            .await?;
     sqlx::query("DELETE FROM pushers WHERE user_id = $1 AND device_id = $2")
         .bind(user_id)
         .bind(device_id)
@@ -76,7 +82,7 @@ pub async fn login(
     .execute(tx.conn())
     .await?;
     tx.commit().await?;
-    Ok(())
+    Ok(existed.is_none())
 }
 
 /// A refresh token issued with an access token.
