@@ -102,6 +102,15 @@ pub struct Moved {
     pub device_lists: bool,
 }
 
+impl Moved {
+    /// Whether a read of whose device lists changed, and who newly shares
+    /// or no longer shares a room with the user, still stands: it moves
+    /// with device lists and with anyone's membership.
+    pub fn keeps_device_list_movement(&self) -> bool {
+        !self.device_lists && !self.any_membership
+    }
+}
+
 /// The stream position allocator.
 #[derive(Debug, Default)]
 pub struct Streams {

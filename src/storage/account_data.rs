@@ -75,10 +75,10 @@ pub async fn changed_and_wanted(
 }
 
 /// `user_id`'s account data in each of `room_ids`: (room, type, content),
-/// in the order it was written (up to [`super::VALUES_PER_STATEMENT`] rooms per statement).
+/// in the order it was written (up to [`super::outliers::IDS_PER_QUERY`] rooms per statement).
 pub async fn of_rooms(db: &Db, user_id: &str, room_ids: &[&str]) -> Result<Vec<(String, String, String)>> {
     let mut out = Vec::new();
-    for rooms in room_ids.chunks(super::VALUES_PER_STATEMENT) {
+    for rooms in room_ids.chunks(super::outliers::IDS_PER_QUERY) {
         let sql = format!(
             "SELECT room_id, data_type, content FROM account_data WHERE user_id = $1 AND room_id IN ({}) \
              ORDER BY stream",

@@ -365,10 +365,6 @@ impl Db {
     }
 }
 
-/// Values bound to one statement of a read over many rooms (well under
-/// either backend's limit).
-pub(crate) const VALUES_PER_STATEMENT: usize = 2000;
-
 /// `$from, $from+1, …`: `n` placeholders, for an `IN (…)` list bound after
 /// `from - 1` other parameters.
 pub(crate) fn params(from: usize, n: usize) -> String {

@@ -50,7 +50,7 @@ pub async fn read_up_to_in(
 ) -> Result<std::collections::HashMap<String, Vec<(String, Option<i64>)>>> {
     let mut out: std::collections::HashMap<String, Vec<(String, Option<i64>)>> =
         rooms.iter().map(|r| ((*r).to_owned(), Vec::new())).collect();
-    for rooms in rooms.chunks(super::VALUES_PER_STATEMENT) {
+    for rooms in rooms.chunks(super::outliers::IDS_PER_QUERY) {
         let sql = read_up_to_sql(
             "r.room_id, r.thread_id, MAX(e.seq)",
             &format!("IN ({})", super::params(2, rooms.len())),
@@ -129,14 +129,14 @@ pub async fn put(db: &Db, r: &Receipt, stream: i64) -> Result<()> {
 
 /// For each room of `rooms` (with events of its timeline): the receipts
 /// at those events and `user`'s own receipts there, in the order they were
-/// written (rooms and events up to [`super::VALUES_PER_STATEMENT`] values
+/// written (rooms and events up to [`super::outliers::IDS_PER_QUERY`] values
 /// per statement; a room's events are never split).
 pub async fn at_events_and_own(db: &Db, rooms: &[(&str, &[String])], user: &str) -> Result<Vec<Receipt>> {
     let mut out = Vec::new();
     let mut batches: Vec<&[(&str, &[String])]> = Vec::new();
     let (mut start, mut values) = (0, 0);
     for (i, (_, ids)) in rooms.iter().enumerate() {
-        if i > start && values + 1 + ids.len() > super::VALUES_PER_STATEMENT {
+        if i > start && values + 1 + ids.len() > super::outliers::IDS_PER_QUERY {
             batches.push(&rooms[start..i]);
             (start, values) = (i, 0);
         }
@@ -151,7 +151,9 @@ pub async fn at_events_and_own(db: &Db, rooms: &[(&str, &[String])], user: &str)
         } else {
             format!(" OR event_id IN ({})", super::params(2 + rooms.len(), events.len()))
         };
-        // An event id names one room: a receipt at one is of that room.
+        // A receipt is stored only at an event of its own room (the one
+        // write path, `sync::writes::set_receipt`, checks): one at these
+        // events is of the room whose timeline holds it.
         let sql = format!(
             "SELECT room_id, user_id, receipt_type, thread_id, event_id, ts FROM receipts \
              WHERE room_id IN ({in_rooms}) AND (user_id = $1{at_events}) ORDER BY stream"

@@ -557,7 +557,7 @@ async fn build(
         })
         .collect();
     let devices = match &reuse {
-        Some(r) if !r.moved.device_lists && !r.moved.any_membership => r.pass.devices.clone(),
+        Some(r) if r.moved.keeps_device_list_movement() => r.pass.devices.clone(),
         _ if initial => (Vec::new(), Vec::new(), Vec::new()),
         _ => device_list_movement(state, &me.user_id, since.stream, now.stream).await?,
     };

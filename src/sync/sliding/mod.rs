@@ -232,9 +232,13 @@ async fn build(
     };
     let moved_since: Option<foldhash::HashSet<String>> =
         log.as_ref().map(|m| m.rooms.keys().cloned().collect());
-    let account_read = match (&kept, &log) {
-        (Some(k), Some(m)) if !m.account_data => k.account.clone(),
-        _ => {
+    // The earlier pass's reads, where the log says what they read stands.
+    let standing = |stands: fn(&crate::streams::Moved) -> bool| {
+        kept.as_ref().filter(|_| log.as_ref().is_some_and(stands))
+    };
+    let account_read = match standing(|m| !m.account_data) {
+        Some(k) => k.account.clone(),
+        None => {
             account_data::changed_and_wanted(
                 &state.db,
                 user,
@@ -258,9 +262,9 @@ async fn build(
     // counts, and every pending invite into a room on another server.
     let to_device = Ext::of(&body.extensions, "to_device");
     let acked = if to_device.enabled { to_device.since().unwrap_or(0) } else { now.stream };
-    let window = match (&kept, &log) {
-        (Some(k), Some(m)) if !m.device => k.window.clone(),
-        _ => {
+    let window = match standing(|m| !m.device) {
+        Some(k) => k.window.clone(),
+        None => {
             keys::device_window(
                 &state.db,
                 user,
@@ -389,7 +393,7 @@ async fn build(
         crate::storage::receipts::read_up_to_in(&state.db, &never_sent, user).await?
     };
     let ctx = room::Ctx { state, me, now, rules: &rules, marks: &marks };
-    // The candidates looked into, and those the typing extension may name.
+    // The candidates looked into.
     let by_id: foldhash::HashMap<&str, &Candidate> = {
         let wanted: foldhash::HashSet<&str> = ids.iter().copied().collect();
         candidates
@@ -491,11 +495,11 @@ async fn build(
             "device_unused_fallback_key_types": window.fallback,
         });
         if held.is_some() {
-            let (changed, left) = match (&kept, &log) {
-                (Some(Reads { devices: Some(d), .. }), Some(m)) if !m.device_lists && !m.any_membership => {
-                    d.clone()
-                }
-                _ => {
+            let (changed, left) = match standing(crate::streams::Moved::keeps_device_list_movement)
+                .and_then(|k| k.devices.clone())
+            {
+                Some(devices) => devices,
+                None => {
                     let (changed, left, _) =
                         crate::sync::device_list_movement(state, &me.user_id, since, now.stream).await?;
                     (changed, left)
