@@ -20,8 +20,8 @@ use crate::room::read::{self, Access, Loaded, RoomView};
 use crate::state::AppState;
 use crate::storage::{account_data, events};
 
-/// The most unread events looked at per room; counts stop there.
-pub const MAX_COUNTED: usize = 1000;
+mod counting;
+pub use counting::{CountCache, counts};
 
 /// A user's rule set, to change: what they stored, or the server defaults.
 pub async fn ruleset(state: &AppState, user: &UserId) -> Result<Ruleset> {
@@ -325,10 +325,7 @@ pub fn others_membership_silent(rules: &Ruleset, room_id: &str, me: &str) -> boo
 
 /// The readable events from others in `(after, upto]` that may notify
 /// ([`may_notify`]), newest first, with what the rules say of each; at most
-/// `limit` events of the range are looked at, leaving out (in SQL) the user's
-/// own and, when the rules leave them silent, others' member events; of the
-/// rest only those that may notify are evaluated. In a room of joins and
-/// leaves nothing is read at all.
+/// `limit` events of the range are looked at (see [`each_evaluated`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn evaluate_range(
     state: &AppState,
@@ -340,8 +337,35 @@ pub async fn evaluate_range(
     upto: i64,
     limit: usize,
 ) -> Result<Vec<(Loaded, Outcome)>> {
+    let mut out = Vec::new();
+    let window = (after, upto, limit);
+    each_evaluated(state, view, access, me, rules, window, &mut |loaded, outcome| {
+        out.push((loaded, outcome))
+    })
+    .await?;
+    Ok(out)
+}
+
+/// Unread candidates are read this many at a time.
+const PAGE: i64 = 500;
+
+/// Hands `visit` each readable event from others in `(after, upto]` (the
+/// `window`, with at most `limit` events of it looked at) that may notify,
+/// newest first, with what the rules say of it. Events are read a page at a
+/// time, leaving out (in SQL) the user's own and, when the rules leave them
+/// silent, others' member events; of the rest only those that may notify
+/// are evaluated. In a room of joins and leaves nothing is read at all.
+pub async fn each_evaluated(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    me: &Requester,
+    rules: &Arc<Ruleset>,
+    (after, upto, limit): (i64, i64, usize),
+    visit: &mut (dyn FnMut(Loaded, Outcome) + Send),
+) -> Result<()> {
     if after >= upto {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let room_id = view.room.room_id.as_str();
     let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -351,47 +375,36 @@ pub async fn evaluate_range(
         others_membership: others_membership_silent(rules, room_id, me_str),
     };
     let mut evaluator = None;
-    let mut out = Vec::new();
-    for (lo, hi) in history::readable_spans(access, Dir::Backward, upto, Some(after)) {
-        if left <= 0 {
-            break;
-        }
-        let rows = events::unread_candidates(&state.db, room_id, lo, hi, &skip, left).await?;
-        left -= i64::try_from(rows.len()).unwrap_or(i64::MAX);
-        for stored in rows {
-            let loaded = read::load(state, stored).await?;
-            let kind = loaded.pdu.kind.to_string();
-            let state_key = loaded.pdu.state_key.as_deref().map_or(StateKey::None, StateKey::Is);
-            let shape = Shape { kind: &kind, state_key, sender: Some(loaded.pdu.sender.as_str()) };
-            if !may_notify(rules, room_id, &shape) {
-                continue;
-            }
-            let evaluator = match &mut evaluator {
-                Some(e) => e,
-                None => {
-                    evaluator.insert(Evaluator::with_rules(state, view, &me.user_id, rules.clone()).await?)
+    for (lo, mut hi) in history::readable_spans(access, Dir::Backward, upto, Some(after)) {
+        while hi >= lo && left > 0 {
+            let page = left.min(PAGE);
+            let rows = events::unread_candidates(&state.db, room_id, lo, hi, &skip, page).await?;
+            let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+            left -= n;
+            hi = rows.last().map_or(lo, |r| r.seq) - 1;
+            for stored in rows {
+                let loaded = read::load(state, stored).await?;
+                let kind = loaded.pdu.kind.to_string();
+                let state_key = loaded.pdu.state_key.as_deref().map_or(StateKey::None, StateKey::Is);
+                let shape = Shape { kind: &kind, state_key, sender: Some(loaded.pdu.sender.as_str()) };
+                if !may_notify(rules, room_id, &shape) {
+                    continue;
                 }
-            };
-            let event = read::format(view, &loaded, me, &access.history);
-            let outcome = evaluator.evaluate(&event).await;
-            out.push((loaded, outcome));
+                let evaluator = match &mut evaluator {
+                    Some(e) => e,
+                    None => evaluator
+                        .insert(Evaluator::with_rules(state, view, &me.user_id, rules.clone()).await?),
+                };
+                let event = read::format(view, &loaded, me, &access.history);
+                let outcome = evaluator.evaluate(&event).await;
+                visit(loaded, outcome);
+            }
+            if n < page {
+                break;
+            }
         }
     }
-    Ok(out)
-}
-
-/// Counts computed before, per (user, room): the read marks and the head
-/// they were computed for, so the next sync only evaluates what is new.
-#[derive(Debug, Default)]
-pub struct CountCache {
-    entries: std::sync::Mutex<std::collections::HashMap<(String, String), Cached>>,
-}
-
-#[derive(Debug, Clone)]
-struct Cached {
-    marks: ReadMarks,
-    upto: i64,
-    counts: Counts,
+    Ok(())
 }
 
 /// Unread notifying events of one room: in all, and per thread.
@@ -411,72 +424,6 @@ impl Counts {
         let (n, h) = self.threads.values().fold((0, 0), |(n, h), (tn, th)| (n + tn, h + th));
         (self.notify - n, self.highlight - h)
     }
-
-    /// Adds the unread notifying ones of `events`.
-    fn add(&mut self, events: &[(Loaded, Outcome)], marks: &ReadMarks) {
-        for (loaded, outcome) in events {
-            if !outcome.notify {
-                continue;
-            }
-            let thread = crate::room::relations::thread_of(loaded);
-            if marks.is_read(loaded.stored.seq, thread.as_deref()) {
-                continue;
-            }
-            let highlight = u64::from(outcome.highlight);
-            self.notify += 1;
-            self.highlight += highlight;
-            if let Some(root) = thread {
-                let entry = self.threads.entry(root).or_default();
-                entry.0 += 1;
-                entry.1 += highlight;
-            }
-        }
-    }
-}
-
-/// `unread_notifications` (and per thread, `unread_thread_notifications`)
-/// for one room: notifying events from others not covered by the user's
-/// read marks, up to seq `upto` (at most [`MAX_COUNTED`] looked at).
-pub async fn counts(
-    state: &AppState,
-    view: &RoomView,
-    access: &Access,
-    me: &Requester,
-    rules: &Arc<Ruleset>,
-    marks: ReadMarks,
-    upto: i64,
-) -> Result<Counts> {
-    let key = (me.user_id.to_string(), view.room.room_id.clone());
-    let cached = state.counts.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
-    let counts = match cached {
-        Some(c) if c.marks == marks && c.upto == upto => c.counts,
-        Some(c) if c.marks == marks && c.upto < upto => {
-            let mut counts = c.counts;
-            counts.add(
-                &evaluate_range(state, view, access, me, rules, c.upto, upto, MAX_COUNTED).await?,
-                &marks,
-            );
-            counts
-        }
-        _ => {
-            // Nothing from before the user's current stay is unread to
-            // them: what was sent before they joined never notified them.
-            let joined =
-                access.stays.iter().filter(|r| r.kind == "join" && r.max_seq.is_none()).map(|r| r.min_seq);
-            let after = joined.max().unwrap_or(0).max(marks.unthreaded);
-            let mut counts = Counts::default();
-            let new = evaluate_range(state, view, access, me, rules, after, upto, MAX_COUNTED).await?;
-            counts.add(&new, &marks);
-            counts
-        }
-    };
-    state
-        .counts
-        .entries
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, Cached { marks, upto, counts: counts.clone() });
-    Ok(counts)
 }
 
 /// Sends the notifying events among seqs `lo..=hi` of a room to the HTTP

@@ -25,6 +25,7 @@ pub mod federation;
 mod search;
 mod sliding;
 mod sync;
+mod unread;
 
 /// The benchmark's settings (also its command line).
 #[derive(Debug, Clone, Parser)]
@@ -143,6 +144,26 @@ pub struct Config {
     /// `--sliding`: connections (one per device) waiting at once for the RSS figure.
     #[arg(long, default_value_t = 100)]
     pub sliding_connections: usize,
+    /// The unread figures instead of the chapter (`unread`): rooms whose
+    /// members have not read what was sent; first syncs (counts checked) and
+    /// wake-ups at each level of unread messages.
+    #[arg(long)]
+    pub unread: bool,
+    /// `--unread`: the room sizes, in members.
+    #[arg(long, value_delimiter = ',', default_value = "500,2000")]
+    pub unread_members: Vec<usize>,
+    /// `--unread`: the unread levels in the first room.
+    #[arg(long, value_delimiter = ',', default_value = "0,50,1000,10000")]
+    pub unread_levels: Vec<usize>,
+    /// `--unread`: the unread levels in the other rooms.
+    #[arg(long, value_delimiter = ',', default_value = "50")]
+    pub unread_big_levels: Vec<usize>,
+    /// `--unread`: first syncs per level.
+    #[arg(long, default_value_t = 20)]
+    pub unread_samples: usize,
+    /// `--unread`: wake-ups per level.
+    #[arg(long, default_value_t = 20)]
+    pub unread_wake_samples: usize,
     /// Compare two JSON reports (A,B) instead of running; prints B/A and who is faster.
     #[arg(long, value_delimiter = ',', num_args = 1)]
     pub compare: Vec<PathBuf>,
@@ -633,9 +654,13 @@ impl Hs {
 
     /// Sends an `m.text` message; returns its event id.
     pub async fn send(&self, user: &User, room: &str, txn: &str, text: &str) -> Res<String> {
+        self.send_content(user, room, txn, &json!({ "msgtype": "m.text", "body": text })).await
+    }
+
+    /// Sends an `m.room.message` of this content; returns its event id.
+    pub async fn send_content(&self, user: &User, room: &str, txn: &str, content: &Value) -> Res<String> {
         let path = format!("{V3}/rooms/{}/send/m.room.message/{}", enc(room), enc(txn));
-        let body = json!({ "msgtype": "m.text", "body": text });
-        let (v, _) = self.ok("send", Method::PUT, &path, Some(&user.token), Some(&body)).await?;
+        let (v, _) = self.ok("send", Method::PUT, &path, Some(&user.token), Some(content)).await?;
         Ok(v["event_id"].as_str().unwrap_or_default().to_owned())
     }
 
@@ -1233,7 +1258,9 @@ pub async fn run(config: &Config) -> Res<Report> {
     if let Some(v) = hs.version().await {
         report.notes.push(format!("server: {v}"));
     }
-    if config.sliding {
+    if config.unread {
+        unread::series(&hs, config, &progress, &mut report).await?;
+    } else if config.sliding {
         sliding::series(&hs, config, &progress, &mut report).await?;
     } else if config.sync {
         sync::series(&hs, config, &progress, &mut report).await?;

@@ -25,6 +25,7 @@ pub mod remote;
 pub mod resolution;
 pub mod search;
 pub mod spaces;
+pub mod tally;
 pub mod timeline;
 pub mod upgrade;
 pub mod version;

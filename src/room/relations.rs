@@ -56,10 +56,7 @@ pub fn thread_of(loaded: &Loaded) -> Option<String> {
         return None;
     }
     let content: Value = loaded.pdu.content_as()?;
-    let relates_to = content.get("m.relates_to")?;
-    (relates_to.get("rel_type")?.as_str()? == "m.thread")
-        .then(|| relates_to.get("event_id")?.as_str().map(str::to_owned))
-        .flatten()
+    super::tally::thread_in(&content).map(str::to_owned)
 }
 
 /// A readable event of the room by id, or the 404 of `/event` (unknown,

@@ -570,6 +570,7 @@ impl RoomWriter {
             relation: super::relations::relation_of(&draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
+        self.tally(state, &pdu, draft, &json, seq).await?;
         if let Some(key) = &draft.state_key {
             let members = membership_change.as_ref().map(|(_, old, new)| (old.as_str(), new.as_str()));
             super::directory::track_state(
@@ -645,6 +646,42 @@ impl RoomWriter {
             self.state_changed = true;
         }
         Ok(Appended { pdu, seq, is_new: true })
+    }
+
+    /// Files what the event at `seq` counts for in unread counts (see
+    /// [`super::tally`]): a row when it counts for anyone.
+    async fn tally(
+        &mut self,
+        state: &AppState,
+        pdu: &Pdu,
+        draft: &Draft,
+        json: &str,
+        seq: i64,
+    ) -> Result<()> {
+        let content: serde_json::Value = pdu.content_as().unwrap_or_default();
+        let room_id = self.room_id.clone();
+        let class = super::tally::classify(
+            &room_id,
+            json,
+            &content,
+            &draft.kind,
+            draft.state_key.as_deref(),
+            async || self.power_levels().await.ok(),
+            state.settings.server_name.as_str(),
+        )
+        .await;
+        let Some(class) = class.filter(super::tally::Class::counts) else { return Ok(()) };
+        let row = storage::tally::NewRow {
+            room_id: room_id.as_str(),
+            seq,
+            thread: class.thread.as_deref().unwrap_or(""),
+            sender: draft.sender.as_str(),
+            notifies: class.notifies,
+            highlights: class.highlights,
+            recheck: class.recheck,
+            mentions: &class.mentions,
+        };
+        storage::tally::insert(self.tx.conn(), &row).await
     }
 
     /// Redactions placed before `target` arrived that name it: each applies

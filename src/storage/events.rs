@@ -367,6 +367,7 @@ pub async fn set_redacted_by(conn: &mut AnyConnection, target: &str, redaction: 
         .bind(target)
         .execute(&mut *conn)
         .await?;
+    super::tally::recheck(conn, target).await?;
     super::search::unindex(conn, target).await
 }
 

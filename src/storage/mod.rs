@@ -28,6 +28,7 @@ pub mod search;
 pub mod server_keys;
 pub mod sliding;
 pub mod state_runs;
+pub mod tally;
 pub mod uia;
 pub mod users;
 
@@ -185,6 +186,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (35, "edu_outbox", include_str!("../../migrations/sqlite/0035_edu_outbox.sql")),
     (36, "remote_device_lists", include_str!("../../migrations/sqlite/0036_remote_device_lists.sql")),
     (37, "typing_in_memory", include_str!("../../migrations/sqlite/0037_typing_in_memory.sql")),
+    (38, "push_tally", include_str!("../../migrations/sqlite/0038_push_tally.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -223,6 +225,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (35, "edu_outbox", include_str!("../../migrations/postgres/0035_edu_outbox.sql")),
     (36, "remote_device_lists", include_str!("../../migrations/postgres/0036_remote_device_lists.sql")),
     (37, "typing_in_memory", include_str!("../../migrations/postgres/0037_typing_in_memory.sql")),
+    (38, "push_tally", include_str!("../../migrations/postgres/0038_push_tally.sql")),
 ];
 
 impl Db {
