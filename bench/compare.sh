@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Runs the chapter's workload (seqline-bench) against a fresh release seqline
-# and a fresh Synapse from PyPI, one server at a time, alternating the order
-# round by round, then prints each round's figures side by side with ratios.
+# and a fresh Synapse from PyPI (and Conduit, given a binary), one server at a
+# time, rotating the order round by round, then prints each round's figures
+# side by side with ratios.
 #
-#   bench/compare.sh [--postgres] [--rounds N] [--only seqline|synapse] [--out DIR] [seqline-bench flags...]
+#   bench/compare.sh [--postgres] [--rounds N] [--only seqline|synapse|conduit] [--servers a,b,...] [--out DIR] [seqline-bench flags...]
+#   CONDUIT_BIN=/path/to/conduit bench/compare.sh --servers seqline,conduit,synapse --unread
+#       Conduit is not built here: CONDUIT_BIN names a binary built elsewhere
+#       from its public source (SQLite backend; PostgreSQL runs leave it out).
 #   bench/compare.sh --members 100 --messages 1000        # a quick run
 #   bench/compare.sh                                        # the chapter: 500 members, 4,900 messages
 #   SEQLINE_BIN=/tmp/seqline-old bench/compare.sh --only seqline   # a binary built elsewhere
@@ -22,6 +26,7 @@ PG_URL_BASE="postgres://postgres@127.0.0.1:5432"
 POSTGRES=0
 ROUNDS=1
 ONLY=""
+SERVERS="seqline,synapse"
 OUT=""
 BENCH_ARGS=()
 while [ $# -gt 0 ]; do
@@ -29,11 +34,15 @@ while [ $# -gt 0 ]; do
     --postgres) POSTGRES=1 ;;
     --rounds) ROUNDS="$2"; shift ;;
     --only) ONLY="$2"; shift ;;
+    --servers) SERVERS="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     *) BENCH_ARGS+=("$1") ;;
   esac
   shift
 done
+[ -n "$ONLY" ] && SERVERS="$ONLY"
+IFS=, read -r -a SERVER_LIST <<<"$SERVERS"
+has_server() { [[ ",$SERVERS," == *",$1,"* ]]; }
 OUT="${OUT:-$HOME/.cache/seqline/bench-results/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 BACKEND=sqlite; [ "$POSTGRES" = 1 ] && BACKEND=postgres
@@ -55,7 +64,11 @@ if [ -z "${SEQLINE_BENCH_BIN:-}" ]; then
 fi
 echo "seqline: $SEQLINE"
 
-if [ "$ONLY" != seqline ]; then
+if has_server conduit && [ ! -x "${CONDUIT_BIN:-}" ]; then
+  echo "--servers names conduit: set CONDUIT_BIN to a Conduit binary built from its source" >&2
+  exit 2
+fi
+if has_server synapse; then
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import synapse' 2>/dev/null; then
     echo "== installing Synapse into $VENV"
     python3 -m venv "$VENV"
@@ -208,18 +221,54 @@ YAML
   stop_server
 }
 
+run_conduit() { # round
+  local dir="$OUT/conduit-$1" port url
+  rm -rf "$dir"; mkdir -p "$dir/data"
+  port=$(free_port); url="http://127.0.0.1:$port"
+  cat >"$dir/conduit.toml" <<TOML
+[global]
+server_name = "localhost"
+database_backend = "sqlite"
+database_path = "$dir/data"
+address = "127.0.0.1"
+port = $port
+allow_registration = true
+allow_federation = false
+allow_check_for_updates = false
+trusted_servers = []
+max_request_size = 20_000_000
+log = "warn"
+TOML
+  CONDUIT_CONFIG="$dir/conduit.toml" "$CONDUIT_BIN" >"$dir/server.log" 2>&1 &
+  SERVER_PID=$!
+  wait_ready "$url" "$SERVER_PID" "$dir/server.log"
+  # The first account becomes the admin and hears of every later one: a
+  # throwaway takes that place.
+  curl -fsS -X POST "$url/_matrix/client/v3/register" -H 'Content-Type: application/json' \
+    -d '{"username":"bench_admin","password":"bench-admin-pw","auth":{"type":"m.login.dummy"}}' >/dev/null
+  echo "== round $1: Conduit at $url (pid $SERVER_PID)"
+  "$BENCH" --label conduit --base-url "$url" --server-name localhost --pid "$SERVER_PID" --db-path "$dir/data" \
+    --json-out "$dir.json" "${BENCH_ARGS[@]}" | tee "$dir.txt"
+  stop_server
+}
+
+n=${#SERVER_LIST[@]}
 for r in $(seq 1 "$ROUNDS"); do
-  if [ $((r % 2)) = 1 ]; then order="seqline synapse"; else order="synapse seqline"; fi
-  for s in $order; do
-    [ -n "$ONLY" ] && [ "$ONLY" != "$s" ] && continue
+  # Each round starts one further along the list, so no server always goes first.
+  for i in $(seq 0 $((n - 1))); do
+    s=${SERVER_LIST[$(((i + r - 1) % n))]}
+    if [ "$s" = conduit ] && [ "$POSTGRES" = 1 ]; then echo "== round $r: Conduit has no PostgreSQL backend, left out"; continue; fi
     "run_$s" "$r"
   done
 done
 
-if [ -z "$ONLY" ]; then
+if has_server seqline; then
   for r in $(seq 1 "$ROUNDS"); do
-    echo "== round $r: seqline vs Synapse ($BACKEND)"
-    "$BENCH" --compare "$OUT/seqline-$r.json,$OUT/synapse-$r.json" | tee "$OUT/compare-$r.txt"
+    for s in "${SERVER_LIST[@]}"; do
+      [ "$s" = seqline ] || [ ! -f "$OUT/$s-$r.json" ] && continue
+      echo "== round $r: seqline vs $s ($BACKEND)"
+      "$BENCH" --compare "$OUT/seqline-$r.json,$OUT/$s-$r.json" | tee "$OUT/compare-$s-$r.txt"
+    done
   done
 fi
 echo "results in $OUT"

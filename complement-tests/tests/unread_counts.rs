@@ -224,6 +224,8 @@ fn mix(i: usize, root: &str, bob: &str) -> (&'static str, Value) {
         )
     } else if i.is_multiple_of(29) {
         ("m.room.message", json!({ "msgtype": "m.text", "body": format!("lunch, Bob? {i}") }))
+    } else if i.is_multiple_of(41) {
+        ("m.room.message", json!({ "msgtype": "m.text", "body": format!("hello all {i}") }))
     } else if i.is_multiple_of(31) {
         (
             "m.reaction",

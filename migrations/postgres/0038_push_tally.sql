@@ -3,8 +3,9 @@
 -- for a reader it does not name, or that some reader must look at themselves
 -- (it names users in m.mentions, it is an invite, it has a body but no
 -- m.mentions so the legacy name rules apply, it was redacted), has a row:
--- its thread ('' for the main timeline), what the default rules say of it,
--- and the running totals of its thread up to and including it.
+-- its thread ('' for the main timeline), what the default rules say of it
+-- to a reader it does not name and to one it names, and the running totals
+-- of its thread (of the first) up to and including it.
 CREATE TABLE push_tally (
     room_id TEXT NOT NULL,
     seq BIGINT NOT NULL,
@@ -12,14 +13,19 @@ CREATE TABLE push_tally (
     sender TEXT NOT NULL,
     notifies BIGINT NOT NULL,
     highlights BIGINT NOT NULL,
+    -- 1: the legacy name rules read its body (words: its signature);
+    -- 2: redacted since. Either way a reader may see it otherwise.
     recheck BIGINT NOT NULL,
+    words BIGINT NOT NULL,
+    named_notifies BIGINT NOT NULL,
+    named_highlights BIGINT NOT NULL,
     notify_n BIGINT NOT NULL,
     highlight_n BIGINT NOT NULL,
     PRIMARY KEY (room_id, seq)
 );
 CREATE INDEX push_tally_thread ON push_tally (room_id, thread, seq);
 CREATE INDEX push_tally_sender ON push_tally (room_id, sender, seq);
-CREATE INDEX push_tally_recheck ON push_tally (room_id, seq) WHERE recheck = 1;
+CREATE INDEX push_tally_recheck ON push_tally (room_id, seq) WHERE recheck > 0;
 
 -- Each thread's totals and newest row: the top of push_tally per thread.
 CREATE TABLE push_threads (

@@ -97,7 +97,9 @@ pub async fn counts(
             let mut acc = Acc::default();
             from_totals(state, view, access, me, rules, &marks, tallied_from, upto, &mut acc).await?;
             if after < floor {
-                by_events(state, view, access, me, rules, &marks, after, floor.min(upto), &mut acc).await?;
+                // Kept between requests: it changes only with the marks.
+                let below = floor.min(upto);
+                acc.add_counts(&evaluated(state, view, access, me, rules, marks, after, below).await?);
             }
             tracing::debug!(room_id, after, upto, "unread counts from the totals");
             return Ok(acc.into_counts());
@@ -176,37 +178,55 @@ async fn from_totals(
     acc: &mut Acc,
 ) -> Result<()> {
     let room_id = view.room.room_id.as_str();
-    for totals in tally::threads_between(&state.db, room_id, after, upto).await? {
+    let window = tally::window(&state.db, room_id, me.user_id.as_str(), after, upto).await?;
+    for totals in window.threads {
         let from = thread_after(marks, &totals.thread, after);
         if from >= upto {
             continue;
         }
         let below = if from > after {
-            tally::threads_between(&state.db, room_id, from, upto)
-                .await?
-                .into_iter()
-                .find(|t| t.thread == totals.thread)
-                .map_or(totals.top, |t| t.below)
+            tally::totals_at(&state.db, room_id, &totals.thread, from).await?
         } else {
             totals.below
         };
         acc.add(&totals.thread, totals.top.0 - below.0, totals.top.1 - below.1);
     }
-    let specials = tally::specials_between(&state.db, room_id, me.user_id.as_str(), after, upto).await?;
     let in_window = |thread: &str, seq: i64| seq > thread_after(marks, thread, after);
-    let mut others = Vec::new();
-    for special in &specials {
-        // What the totals counted of it comes out...
-        if in_window(&special.thread, special.seq) {
-            acc.add(&special.thread, -i64::from(special.notifies), -i64::from(special.highlights));
+    let mut masks = None;
+    let mut recheck = Vec::new();
+    for special in &window.specials {
+        if let tally::SpecialKind::Legacy(words) = special.kind {
+            // A body that cannot hold the reader's name says to them what it
+            // says to anyone it does not name: the totals have it right.
+            let (name, localpart) = match masks {
+                Some(m) => m,
+                None => *masks.insert(name_masks(state, view, &me.user_id).await?),
+            };
+            let holds = |mask: i64| words & mask == mask;
+            if !holds(name) && !holds(localpart) {
+                continue;
+            }
         }
-        if !special.own {
-            others.push(special.seq);
+        if !in_window(&special.thread, special.seq) {
+            // Neither counted in the totals taken nor to be counted...
+            if special.kind == tally::SpecialKind::Redacted {
+                // ... unless, redacted, it has left its thread for the main timeline.
+                recheck.push(special.seq);
+            }
+            continue;
+        }
+        // What the totals counted of it comes out...
+        let (n, h) = special.unnamed;
+        acc.add(&special.thread, -i64::from(n), -i64::from(h));
+        // ... and what it is to this reader goes in.
+        match special.kind {
+            tally::SpecialKind::Own => {}
+            tally::SpecialKind::Names((n, h)) => acc.add(&special.thread, i64::from(n), i64::from(h)),
+            tally::SpecialKind::Legacy(_) | tally::SpecialKind::Redacted => recheck.push(special.seq),
         }
     }
-    // ... and what the reader's own rules say of it goes in.
     let mut evaluator = None;
-    for stored in events::at_seqs(&state.db, room_id, &others).await? {
+    for stored in events::at_seqs(&state.db, room_id, &recheck).await? {
         let seq = stored.seq;
         let loaded = read::load(state, stored).await?;
         let outcome = evaluate(state, view, access, me, rules, &mut evaluator, &loaded).await?;
@@ -216,6 +236,16 @@ async fn from_totals(
         }
     }
     Ok(())
+}
+
+/// The signature masks (`room::tally::mask`) of the reader's display name
+/// in the room (their localpart when they have none) and of their localpart:
+/// the names the legacy rules look for.
+async fn name_masks(state: &AppState, view: &RoomView, user: &UserId) -> Result<(i64, i64)> {
+    let localpart = user.localpart();
+    let name = read::display_name(state, view, user).await?;
+    let mask = crate::room::tally::mask;
+    Ok((mask(name.as_deref().unwrap_or(localpart)), mask(localpart)))
 }
 
 /// What `rules` say of one loaded event, building the evaluator on first use.
@@ -255,7 +285,8 @@ async fn evaluated(
     let counts = match cached {
         Some(c) if same(&c) && c.upto == upto => c.counts,
         Some(c) if same(&c) && c.upto < upto => {
-            let mut acc = Acc::from_counts(&c.counts);
+            let mut acc = Acc::default();
+            acc.add_counts(&c.counts);
             by_events(state, view, access, me, rules, &marks, c.upto, upto, &mut acc).await?;
             acc.into_counts()
         }
@@ -275,14 +306,12 @@ fn same_rules(a: &Arc<Ruleset>, b: &Arc<Ruleset>) -> bool {
 }
 
 impl Acc {
-    fn from_counts(counts: &Counts) -> Self {
-        let mut acc = Self::default();
+    fn add_counts(&mut self, counts: &Counts) {
         let (n, h) = counts.main();
-        acc.add("", i64::try_from(n).unwrap_or(0), i64::try_from(h).unwrap_or(0));
+        self.add("", i64::try_from(n).unwrap_or(0), i64::try_from(h).unwrap_or(0));
         for (thread, (n, h)) in &counts.threads {
-            acc.add(thread, i64::try_from(*n).unwrap_or(0), i64::try_from(*h).unwrap_or(0));
+            self.add(thread, i64::try_from(*n).unwrap_or(0), i64::try_from(*h).unwrap_or(0));
         }
-        acc
     }
 }
 

@@ -16,26 +16,29 @@ use ruma::serde::Raw;
 use ruma::{OwnedUserId, RoomId, UInt};
 use serde_json::Value;
 
-/// What the default rules say of an event for readers it does not name, and
-/// which readers must look at it themselves.
+/// What the default rules say of an event for readers it does not name and
+/// for those it names, and which readers must look at it themselves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Class {
-    /// It notifies them.
-    pub notifies: bool,
-    /// It highlights for them.
-    pub highlights: bool,
-    /// Every reader evaluates it (a body the legacy name rules read).
+    /// `(notify, highlight)` for readers it does not name.
+    pub unnamed: (bool, bool),
+    /// For readers it names (`mentions`).
+    pub named: (bool, bool),
+    /// Every reader evaluates it (a body the legacy name rules read; an
+    /// invite naming others too).
     pub recheck: bool,
-    /// Our users it names, who evaluate it themselves.
+    /// Our users it names.
     pub mentions: Vec<String>,
     /// The thread root it is in (`None`: the main timeline).
     pub thread: Option<String>,
+    /// The words of the body the legacy name rules read ([`words`]).
+    pub words: i64,
 }
 
 impl Class {
     /// Whether it needs a row: it counts for someone.
     pub fn counts(&self) -> bool {
-        self.notifies || self.highlights || self.recheck || !self.mentions.is_empty()
+        self.unnamed.0 || self.recheck || (self.named.0 && !self.mentions.is_empty())
     }
 }
 
@@ -75,20 +78,21 @@ pub async fn classify(
 ) -> Option<Class> {
     let raw = serde_json::value::RawValue::from_string(json.to_owned()).ok()?;
     let raw: Raw<ruma::events::AnySyncTimelineEvent> = Raw::from_json(raw);
-    let flat = FlattenedJson::from_raw(&raw);
-    let has_mentions = flat.contains_mentions();
+    let has_mentions = FlattenedJson::from_raw(&raw).contains_mentions();
     let body = content.get("body").and_then(Value::as_str);
-    let recheck = !has_mentions && body.is_some();
+    let mut recheck = !has_mentions && body.is_some();
     let mut mentions: Vec<String> = Vec::new();
     if has_mentions && let Some(ids) = content["m.mentions"]["user_ids"].as_array() {
         mentions.extend(ids.iter().filter_map(Value::as_str).filter(|u| is_ours(u, ours)).map(str::to_owned));
     }
-    if kind == "m.room.member"
-        && content["membership"] == "invite"
-        && let Some(target) = state_key.filter(|u| is_ours(u, ours))
-    {
-        mentions.push(target.to_owned());
-    }
+    let invited = (kind == "m.room.member" && content["membership"] == "invite")
+        .then_some(state_key)
+        .flatten()
+        .filter(|u| is_ours(u, ours));
+    // An invite naming others besides its target says something else to
+    // each: every reader evaluates it.
+    recheck |= invited.is_some() && !mentions.is_empty();
+    mentions.extend(invited.map(str::to_owned));
     mentions.sort_unstable();
     mentions.dedup();
 
@@ -105,20 +109,136 @@ pub async fn classify(
     if room_mention {
         ctx.power_levels = power().await.map(Into::into);
     }
-    let actions = rules.get_actions(&raw, &ctx).await;
-    // A highlight counts only with a notification, as in `notify::Counts`.
-    let notifies = actions.iter().any(|a| matches!(a, Action::Notify));
-    let class = Class {
-        notifies,
-        highlights: notifies && actions.iter().any(Action::is_highlight),
-        recheck,
-        mentions,
-        thread: thread_in(content).map(str::to_owned),
+    let unnamed = outcome(rules, &raw, &ctx).await;
+    // What the defaults say to a reader the event names: the same event
+    // naming the reader no one can be.
+    let named = match (mentions.is_empty() || recheck, invited) {
+        (true, _) => unnamed,
+        (false, Some(_)) => named_outcome(json, &ctx, |pdu| pdu["state_key"] = nobody.as_str().into()).await,
+        (false, None) => {
+            let add = |pdu: &mut Value| {
+                if let Some(ids) = pdu["content"]["m.mentions"]["user_ids"].as_array_mut() {
+                    ids.push(nobody.as_str().into());
+                }
+            };
+            named_outcome(json, &ctx, add).await
+        }
     };
-    Some(class)
+    let words = if recheck { body.map_or(0, words) } else { 0 };
+    Some(Class { unnamed, named, recheck, mentions, thread: thread_in(content).map(str::to_owned), words })
+}
+
+/// A 64-bit signature of the words of `text` (lowercased, split at every
+/// character but ASCII letters and digits), two bits per word: if a body's
+/// signature lacks a bit of [`mask`]'s for a name, the legacy rules cannot
+/// find that name in it. (They match a name at word boundaries, where a
+/// word character is an ASCII letter, digit or `_`: every piece of the name
+/// between such boundaries is then a whole word of the body here too.)
+pub fn words(text: &str) -> i64 {
+    text.to_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .fold(0, |acc, w| acc | word_bits(w))
+}
+
+/// The bits a body's [`words`] must have for the legacy rules to find
+/// `name` in it; 0 (any body) when the name is a glob or has no word.
+pub fn mask(name: &str) -> i64 {
+    if name.contains(['*', '?']) {
+        return 0;
+    }
+    words(name)
+}
+
+/// Two bits for a word, from a hash that does not change between processes
+/// or versions (FNV-1a): the signatures are stored.
+fn word_bits(word: &str) -> i64 {
+    let hash =
+        word.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let bits = (1_u64 << (hash % 64)) | (1_u64 << ((hash >> 6) % 64));
+    bits.cast_signed()
+}
+
+/// `(notify, highlight)` of the default rules for the reader of `ctx`: a
+/// highlight counts only with a notification, as in `notify::Counts`.
+async fn outcome(
+    rules: &Ruleset,
+    raw: &Raw<ruma::events::AnySyncTimelineEvent>,
+    ctx: &PushConditionRoomCtx,
+) -> (bool, bool) {
+    let actions = rules.get_actions(raw, ctx).await;
+    let notifies = actions.iter().any(|a| matches!(a, Action::Notify));
+    (notifies, notifies && actions.iter().any(Action::is_highlight))
+}
+
+/// [`outcome`] of the PDU `json` once `name` has made it name the reader.
+async fn named_outcome(
+    json: &str,
+    ctx: &PushConditionRoomCtx,
+    name: impl FnOnce(&mut Value),
+) -> (bool, bool) {
+    let Ok(mut pdu) = serde_json::from_str::<Value>(json) else { return (false, false) };
+    name(&mut pdu);
+    let Ok(raw) = serde_json::value::to_raw_value(&pdu) else { return (false, false) };
+    outcome(&NOBODY.1, &Raw::from_json(raw), ctx).await
 }
 
 /// Whether `user` looks like one of this server's user ids.
 fn is_ours(user: &str, ours: &str) -> bool {
     user.starts_with('@') && user.split_once(':').is_some_and(|(_, server)| server == ours)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use ruma::push::{FlattenedJson, PushCondition, PushConditionRoomCtx};
+    use ruma::serde::Raw;
+
+    use super::{mask, words};
+
+    /// Whether the legacy display-name rule finds `name` in `body`, as ruma
+    /// evaluates it.
+    fn rule_finds(body: &str, name: &str) -> bool {
+        let event =
+            serde_json::json!({ "sender": "@a:x", "type": "m.room.message", "content": { "body": body } });
+        let raw: Raw<serde_json::Value> = Raw::new(&event).expect("json");
+        let flat = FlattenedJson::from_raw(&raw);
+        let user = ruma::OwnedUserId::try_from("@b:x").expect("user id");
+        let room = ruma::OwnedRoomId::try_from("!r:x").expect("room id");
+        let ctx = PushConditionRoomCtx::new(room, ruma::UInt::MIN, user, name.to_owned());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        #[allow(deprecated)]
+        runtime.block_on(PushCondition::ContainsDisplayName.applies(&flat, &ctx))
+    }
+
+    fn text(pieces: &'static [&'static str], most: usize) -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(pieces), 1..most).prop_map(|p| p.concat())
+    }
+
+    const PIECES: &[&str] = &[
+        "bob", "Bob", "BOB", "by", "smith", "_", "-", "!", "@", ":", " ", ".", "é", "Ünï", "x1", "İ", "ß",
+        "*",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// A body in which the rule finds a name always has the name's bits.
+        #[test]
+        fn a_found_name_is_in_the_signature(body in text(PIECES, 12), name in text(PIECES, 4)) {
+            if rule_finds(&body, &name) {
+                let m = mask(&name);
+                prop_assert_eq!(words(&body) & m, m, "body {:?} name {:?}", body, name);
+            }
+        }
+    }
+
+    #[test]
+    fn signatures_tell_names_apart() {
+        let body = words("lunch, Bob? 12");
+        assert_eq!(body & mask("bob"), mask("bob"));
+        assert_ne!(body & mask("carol"), mask("carol"), "carol is not in the body");
+        assert_eq!(mask("b*b"), 0, "a glob matches any body");
+        assert_eq!(mask("éÜ"), 0, "no ASCII letter or digit: any body");
+    }
 }

@@ -676,9 +676,10 @@ impl RoomWriter {
             seq,
             thread: class.thread.as_deref().unwrap_or(""),
             sender: draft.sender.as_str(),
-            notifies: class.notifies,
-            highlights: class.highlights,
+            unnamed: class.unnamed,
+            named: class.named,
             recheck: class.recheck,
+            words: class.words,
             mentions: &class.mentions,
         };
         storage::tally::insert(self.tx.conn(), &row).await

@@ -19,12 +19,15 @@ pub struct NewRow<'a> {
     pub thread: &'a str,
     /// Sender.
     pub sender: &'a str,
-    /// The default rules make it notify a reader it does not name.
-    pub notifies: bool,
-    /// And highlight.
-    pub highlights: bool,
-    /// Each reader must evaluate it themselves (legacy name rules).
+    /// `(notify, highlight)`: what the default rules say to a reader it
+    /// does not name.
+    pub unnamed: (bool, bool),
+    /// To a reader it names.
+    pub named: (bool, bool),
+    /// The legacy name rules read its body: a reader it may name evaluates it.
     pub recheck: bool,
+    /// Its body's signature (`room::tally::words`).
+    pub words: i64,
     /// Our users it names.
     pub mentions: &'a [String],
 }
@@ -43,21 +46,25 @@ pub async fn insert(conn: &mut AnyConnection, row: &NewRow<'_>) -> Result<()> {
     .bind(row.room_id)
     .bind(row.thread)
     .bind(row.seq)
-    .bind(i64::from(row.notifies))
-    .bind(i64::from(row.highlights))
+    .bind(i64::from(row.unnamed.0))
+    .bind(i64::from(row.unnamed.1))
     .fetch_one(&mut *conn)
     .await?;
     sqlx::query(
-        "INSERT INTO push_tally (room_id, seq, thread, sender, notifies, highlights, recheck, notify_n, highlight_n) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        "INSERT INTO push_tally (room_id, seq, thread, sender, notifies, highlights, recheck, words, \
+           named_notifies, named_highlights, notify_n, highlight_n) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(row.room_id)
     .bind(row.seq)
     .bind(row.thread)
     .bind(row.sender)
-    .bind(i64::from(row.notifies))
-    .bind(i64::from(row.highlights))
+    .bind(i64::from(row.unnamed.0))
+    .bind(i64::from(row.unnamed.1))
     .bind(i64::from(row.recheck))
+    .bind(row.words)
+    .bind(i64::from(row.named.0))
+    .bind(i64::from(row.named.1))
     .bind(notify_n)
     .bind(highlight_n)
     .execute(&mut *conn)
@@ -77,9 +84,9 @@ pub async fn insert(conn: &mut AnyConnection, row: &NewRow<'_>) -> Result<()> {
 /// now on: its content, so what the rules say of it, has changed.
 pub async fn recheck(conn: &mut AnyConnection, event_id: &str) -> Result<()> {
     sqlx::query(
-        "UPDATE push_tally SET recheck = 1 \
+        "UPDATE push_tally SET recheck = 2 \
          WHERE room_id = (SELECT room_id FROM events WHERE event_id = $1) \
-           AND seq = (SELECT seq FROM events WHERE event_id = $1) AND recheck = 0",
+           AND seq = (SELECT seq FROM events WHERE event_id = $1)",
     )
     .bind(event_id)
     .execute(conn)
@@ -107,37 +114,6 @@ pub struct ThreadTotals {
     pub top: (i64, i64),
 }
 
-/// The totals of each thread with a row in `(after, upto]`, at `after` and
-/// at `upto`: one statement, index seeks only.
-pub async fn threads_between(db: &Db, room_id: &str, after: i64, upto: i64) -> Result<Vec<ThreadTotals>> {
-    let at = |column: &str, bound: &str| {
-        format!(
-            "COALESCE((SELECT p.{column} FROM push_tally p WHERE p.room_id = t.room_id \
-               AND p.thread = t.thread AND p.seq <= {bound} ORDER BY p.seq DESC LIMIT 1), 0)"
-        )
-    };
-    let sql = format!(
-        "SELECT t.thread, {}, {}, \
-           CASE WHEN t.last_seq <= $3 THEN t.notify_n ELSE {} END, \
-           CASE WHEN t.last_seq <= $3 THEN t.highlight_n ELSE {} END \
-         FROM push_threads t WHERE t.room_id = $1 AND t.last_seq > $2",
-        at("notify_n", "$2"),
-        at("highlight_n", "$2"),
-        at("notify_n", "$3"),
-        at("highlight_n", "$3"),
-    );
-    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(room_id)
-        .bind(after)
-        .bind(upto)
-        .fetch_all(&mut db.reader())
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(thread, bn, bh, tn, th)| ThreadTotals { thread, below: (bn, bh), top: (tn, th) })
-        .collect())
-}
-
 /// A row a reader treats on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Special {
@@ -145,51 +121,117 @@ pub struct Special {
     pub seq: i64,
     /// Thread it was filed in.
     pub thread: String,
-    /// What the default rules said of it.
-    pub notifies: bool,
-    /// And of its highlighting.
-    pub highlights: bool,
-    /// The reader sent it: it never counts for them.
-    pub own: bool,
+    /// What the totals counted of it: `(notify, highlight)`.
+    pub unnamed: (bool, bool),
+    /// What it is to this reader.
+    pub kind: SpecialKind,
 }
 
-/// The rows in `(after, upto]` that `user` cannot take from the totals: their
-/// own (which never count), and others' that name them or that each reader
-/// must evaluate (legacy name rules, redacted since), in seq order.
-pub async fn specials_between(
-    db: &Db,
-    room_id: &str,
-    user: &str,
-    after: i64,
-    upto: i64,
-) -> Result<Vec<Special>> {
-    const COLUMNS: &str = "p.seq, p.thread, p.notifies, p.highlights";
-    let range = "p.room_id = $1 AND p.seq > $2 AND p.seq <= $3";
-    let sql = format!(
-        "SELECT {COLUMNS}, 1 FROM push_tally p WHERE {range} AND p.sender = $4 \
-         UNION ALL \
-         SELECT {COLUMNS}, 0 FROM push_tally p WHERE {range} AND p.recheck = 1 AND p.sender <> $4 \
-         UNION ALL \
-         SELECT {COLUMNS}, 0 FROM push_mentions m JOIN push_tally p ON p.room_id = m.room_id AND p.seq = m.seq \
-           WHERE m.room_id = $1 AND m.user_id = $4 AND m.seq > $2 AND m.seq <= $3 \
-             AND p.recheck = 0 AND p.sender <> $4 \
-         ORDER BY 1"
-    );
-    let rows: Vec<(i64, String, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+/// Why a row is special to a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialKind {
+    /// The reader sent it: it never counts for them.
+    Own,
+    /// The legacy name rules read its body (with this signature): a reader
+    /// whose name it may hold evaluates it.
+    Legacy(i64),
+    /// Redacted since: every reader evaluates it.
+    Redacted,
+    /// It names the reader; what the default rules say to them.
+    Names((bool, bool)),
+}
+
+/// What a reader's unread window `(after, upto]` holds: each thread with a
+/// row in it, with its totals at both ends, and the rows the reader cannot
+/// take from the totals (their own, the ones that name them, the ones
+/// every reader evaluates), in seq order. One statement, index seeks and
+/// the special rows only.
+pub async fn window(db: &Db, room_id: &str, user: &str, after: i64, upto: i64) -> Result<Window> {
+    let rows: Vec<(i64, i64, String, i64, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(window_sql()))
         .bind(room_id)
         .bind(after)
         .bind(upto)
         .bind(user)
         .fetch_all(&mut db.reader())
         .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(seq, thread, notifies, highlights, own)| Special {
-            seq,
-            thread,
-            notifies: notifies != 0,
-            highlights: highlights != 0,
-            own: own != 0,
-        })
-        .collect())
+    let mut out = Window::default();
+    for (kind, seq, thread, a, b, c, d) in rows {
+        if kind == 0 {
+            out.threads.push(ThreadTotals { thread, below: (a, b), top: (c, d) });
+            continue;
+        }
+        let kind = match (kind, c) {
+            (1, _) => SpecialKind::Own,
+            (2, 1) => SpecialKind::Legacy(d),
+            (2, _) => SpecialKind::Redacted,
+            _ => SpecialKind::Names((c != 0, d != 0)),
+        };
+        out.specials.push(Special { seq, thread, unnamed: (a != 0, b != 0), kind });
+    }
+    // Sorted here: asked to order the parts in SQL, SQLite walks the window
+    // by seq for the reader's own rows instead of seeking them by sender.
+    out.specials.sort_by_key(|s| s.seq);
+    Ok(out)
+}
+
+/// [`window`]'s answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Each thread with a row in the window.
+    pub threads: Vec<ThreadTotals>,
+    /// The reader's special rows, in seq order.
+    pub specials: Vec<Special>,
+}
+
+/// [`window`]: $1 room, $2 after, $3 upto, $4 user. Rows of
+/// `(kind, seq, thread, a, b, c, d)`: kind 0 a thread's totals (a, b below;
+/// c, d at the top), 1 own, 2 recheck (c its kind, d the signature), 3
+/// names the reader (a, b what the totals counted; c, d what the defaults
+/// say to the reader). The rows
+/// naming the reader are found from `push_mentions` (`CROSS JOIN` keeps
+/// SQLite from walking every row of the window in `push_tally` instead).
+pub(in crate::storage) fn window_sql() -> String {
+    let at = |column: &str, bound: &str| {
+        format!(
+            "COALESCE((SELECT p.{column} FROM push_tally p WHERE p.room_id = t.room_id \
+               AND p.thread = t.thread AND p.seq <= {bound} ORDER BY p.seq DESC LIMIT 1), 0)"
+        )
+    };
+    let range = "p.room_id = $1 AND p.seq > $2 AND p.seq <= $3";
+    format!(
+        "SELECT 0, 0, t.thread, {}, {}, \
+           CASE WHEN t.last_seq <= $3 THEN t.notify_n ELSE {} END, \
+           CASE WHEN t.last_seq <= $3 THEN t.highlight_n ELSE {} END \
+         FROM push_threads t WHERE t.room_id = $1 AND t.last_seq > $2 \
+         UNION ALL \
+         SELECT 1, p.seq, p.thread, p.notifies, p.highlights, 0, 0 FROM push_tally p \
+           WHERE {range} AND p.sender = $4 \
+         UNION ALL \
+         SELECT 2, p.seq, p.thread, p.notifies, p.highlights, p.recheck, p.words FROM push_tally p \
+           WHERE {range} AND p.recheck > 0 AND p.sender <> $4 \
+         UNION ALL \
+         SELECT 3, p.seq, p.thread, p.notifies, p.highlights, p.named_notifies, p.named_highlights \
+           FROM push_mentions m CROSS JOIN push_tally p \
+           WHERE p.room_id = m.room_id AND p.seq = m.seq \
+             AND m.room_id = $1 AND m.user_id = $4 AND m.seq > $2 AND m.seq <= $3 \
+             AND p.recheck = 0 AND p.sender <> $4",
+        at("notify_n", "$2"),
+        at("highlight_n", "$2"),
+        at("notify_n", "$3"),
+        at("highlight_n", "$3"),
+    )
+}
+
+/// One thread's `(notify, highlight)` totals through seq `at`.
+pub async fn totals_at(db: &Db, room_id: &str, thread: &str, at: i64) -> Result<(i64, i64)> {
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT notify_n, highlight_n FROM push_tally WHERE room_id = $1 AND thread = $2 AND seq <= $3 \
+         ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(room_id)
+    .bind(thread)
+    .bind(at)
+    .fetch_optional(&mut db.reader())
+    .await?;
+    Ok(row.unwrap_or((0, 0)))
 }
