@@ -1,7 +1,8 @@
 //! Unread counts exact at any number of unread events, checked against an
 //! evaluation of the push rules written here from the spec, over what the
 //! test sent: past any former cap, per thread with threaded and unthreaded
-//! receipts, after redactions, after push-rule changes, and across a leave.
+//! receipts (the fully-read marker is none), after redactions, after
+//! push-rule changes, and across a leave.
 
 use complement_tests::backend_tests;
 use complement_tests::harness::{Backend, Server, User};
@@ -388,4 +389,10 @@ async fn counts_start_at_the_current_stay(backend: Backend) {
         sent.push(send(&server, &alice, &room, "m.room.message", msg("after the return"), i).await);
     }
     check(&server, &bob, &room, &sent, &Rules::default(), &Marks::default(), "only the current stay").await;
+    // The fully-read marker is not a read receipt: it moves no count.
+    let last = sent.last().map(|s| s.event_id.clone()).unwrap_or_default();
+    let path = format!("/_matrix/client/v3/rooms/{room}/read_markers");
+    let (status, body) = server.post(&path, Some(&bob.token), json!({ "m.fully_read": last })).await;
+    assert_eq!(status, 200, "{body}");
+    check(&server, &bob, &room, &sent, &Rules::default(), &Marks::default(), "after m.fully_read").await;
 }
