@@ -14,7 +14,8 @@ CREATE TABLE push_tally (
     notifies BIGINT NOT NULL,
     highlights BIGINT NOT NULL,
     -- 1: the legacy name rules read its body (words: its signature);
-    -- 2: redacted since. Either way a reader may see it otherwise.
+    -- 2: every reader evaluates it (redacted since, or an invite naming
+    -- others too); 3: a redaction (counts before it may have moved).
     recheck BIGINT NOT NULL,
     words BIGINT NOT NULL,
     named_notifies BIGINT NOT NULL,
@@ -25,7 +26,8 @@ CREATE TABLE push_tally (
 );
 CREATE INDEX push_tally_thread ON push_tally (room_id, thread, seq);
 CREATE INDEX push_tally_sender ON push_tally (room_id, sender, seq);
-CREATE INDEX push_tally_recheck ON push_tally (room_id, seq) WHERE recheck > 0;
+-- Covering: legacy rows are told apart by their signature in the index.
+CREATE INDEX push_tally_recheck ON push_tally (room_id, seq, recheck, words, sender) WHERE recheck > 0;
 
 -- Each thread's totals and newest row: the top of push_tally per thread.
 CREATE TABLE push_threads (

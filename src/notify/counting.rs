@@ -12,6 +12,7 @@
 //! not read whole are evaluated event by event, a page at a time.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Not as _;
 use std::sync::{Arc, Mutex};
 
 use ruma::UserId;
@@ -34,6 +35,7 @@ pub struct CountCache {
     floors: Mutex<HashMap<String, i64>>,
     verdicts: Mutex<HashMap<String, Judged>>,
     evaluated: Mutex<HashMap<(String, String), Cached>>,
+    tallied: Mutex<HashMap<(String, String), Tallied>>,
 }
 
 /// Entries a map of [`CountCache`] holds before it is emptied and refilled.
@@ -94,8 +96,9 @@ pub async fn counts(
     if upto > tallied_from && follows_defaults(state, rules, &me.user_id, room_id) {
         let spans = history::readable_spans(access, Dir::Backward, upto, Some(tallied_from));
         if whole(&spans, tallied_from, upto) {
-            let mut acc = Acc::default();
-            from_totals(state, view, access, me, rules, &marks, tallied_from, upto, &mut acc).await?;
+            let masks = name_masks(state, view, &me.user_id).await?;
+            let mut acc =
+                tallied(state, view, access, me, rules, &marks, (tallied_from, upto), masks).await?;
             if after < floor {
                 // Kept between requests: it changes only with the marks.
                 let below = floor.min(upto);
@@ -107,6 +110,56 @@ pub async fn counts(
     }
     tracing::debug!(room_id, after, upto, "unread counts event by event");
     evaluated(state, view, access, me, rules, marks, after, upto).await
+}
+
+/// [`from_totals`] over `(after, upto]`, extending the reader's counts of
+/// an earlier request by what came since when nothing else moved: the same
+/// marks (none past the earlier top), window bottom and names, and no
+/// redaction since. A woken sync so reads only the new stretch.
+#[allow(clippy::too_many_arguments)]
+async fn tallied(
+    state: &AppState,
+    view: &RoomView,
+    access: &Access,
+    me: &Requester,
+    rules: &Arc<Ruleset>,
+    marks: &ReadMarks,
+    (after, upto): (i64, i64),
+    masks: (i64, i64),
+) -> Result<Acc> {
+    let key = (me.user_id.to_string(), view.room.room_id.clone());
+    let earlier = state.counts.tallied.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+    let mut acc = Acc::default();
+    let extended = match earlier {
+        Some(c)
+            if c.marks == *marks
+                && c.after == after
+                && c.masks == masks
+                && c.upto <= upto
+                && marks.threads.values().all(|&m| m <= c.upto) =>
+        {
+            acc = c.acc;
+            from_totals(state, view, access, me, rules, marks, (c.upto, upto), masks, &mut acc).await?.not()
+        }
+        _ => false,
+    };
+    if !extended {
+        acc = Acc::default();
+        from_totals(state, view, access, me, rules, marks, (after, upto), masks, &mut acc).await?;
+    }
+    let entry = Tallied { marks: marks.clone(), after, upto, masks, acc: acc.clone() };
+    remember(&state.counts.tallied, key, entry);
+    Ok(acc)
+}
+
+/// A reader's counts from the totals, as [`tallied`] keeps them.
+#[derive(Debug, Clone)]
+struct Tallied {
+    marks: ReadMarks,
+    after: i64,
+    upto: i64,
+    masks: (i64, i64),
+    acc: Acc,
 }
 
 /// Whether `spans` (readable, newest first) are exactly `(after, upto]`.
@@ -132,7 +185,7 @@ async fn floor(state: &AppState, room_id: &str) -> Result<i64> {
 
 /// Counts in the making: `(notify, highlight)` per thread (`""`: the main
 /// timeline), signed while corrections are applied.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Acc(BTreeMap<String, (i64, i64)>);
 
 impl Acc {
@@ -164,7 +217,9 @@ fn thread_after(marks: &ReadMarks, thread: &str, after: i64) -> i64 {
 }
 
 /// The counts of `(after, upto]`, all readable and tallied, for a reader
-/// whose rules follow the defaults there.
+/// whose rules follow the defaults there and whose names have the signature
+/// masks `masks`; answers whether a redaction lies in the window (counts
+/// taken before it may have moved).
 #[allow(clippy::too_many_arguments)]
 async fn from_totals(
     state: &AppState,
@@ -173,12 +228,12 @@ async fn from_totals(
     me: &Requester,
     rules: &Arc<Ruleset>,
     marks: &ReadMarks,
-    after: i64,
-    upto: i64,
+    (after, upto): (i64, i64),
+    masks: (i64, i64),
     acc: &mut Acc,
-) -> Result<()> {
+) -> Result<bool> {
     let room_id = view.room.room_id.as_str();
-    let window = tally::window(&state.db, room_id, me.user_id.as_str(), after, upto).await?;
+    let window = tally::window(&state.db, room_id, me.user_id.as_str(), (after, upto), masks).await?;
     for totals in window.threads {
         let from = thread_after(marks, &totals.thread, after);
         if from >= upto {
@@ -192,20 +247,15 @@ async fn from_totals(
         acc.add(&totals.thread, totals.top.0 - below.0, totals.top.1 - below.1);
     }
     let in_window = |thread: &str, seq: i64| seq > thread_after(marks, thread, after);
-    let mut masks = None;
+    let mut redaction = false;
     let mut recheck = Vec::new();
+    // Legacy rows come only where their signature may hold the reader's
+    // names: one that cannot says to them what it says to anyone it does
+    // not name, which the totals have right.
     for special in &window.specials {
-        if let tally::SpecialKind::Legacy(words) = special.kind {
-            // A body that cannot hold the reader's name says to them what it
-            // says to anyone it does not name: the totals have it right.
-            let (name, localpart) = match masks {
-                Some(m) => m,
-                None => *masks.insert(name_masks(state, view, &me.user_id).await?),
-            };
-            let holds = |mask: i64| words & mask == mask;
-            if !holds(name) && !holds(localpart) {
-                continue;
-            }
+        if special.kind == tally::SpecialKind::Redaction {
+            redaction = true;
+            continue;
         }
         if !in_window(&special.thread, special.seq) {
             // Neither counted in the totals taken nor to be counted...
@@ -220,7 +270,7 @@ async fn from_totals(
         acc.add(&special.thread, -i64::from(n), -i64::from(h));
         // ... and what it is to this reader goes in.
         match special.kind {
-            tally::SpecialKind::Own => {}
+            tally::SpecialKind::Own | tally::SpecialKind::Redaction => {}
             tally::SpecialKind::Names((n, h)) => acc.add(&special.thread, i64::from(n), i64::from(h)),
             tally::SpecialKind::Legacy(_) | tally::SpecialKind::Redacted => recheck.push(special.seq),
         }
@@ -235,7 +285,7 @@ async fn from_totals(
             acc.add(&thread, 1, i64::from(outcome.highlight));
         }
     }
-    Ok(())
+    Ok(redaction)
 }
 
 /// The signature masks (`room::tally::mask`) of the reader's display name

@@ -24,9 +24,11 @@ pub struct Class {
     pub unnamed: (bool, bool),
     /// For readers it names (`mentions`).
     pub named: (bool, bool),
-    /// Every reader evaluates it (a body the legacy name rules read; an
-    /// invite naming others too).
-    pub recheck: bool,
+    /// Who evaluates it themselves: [`LEGACY`] (a body the legacy name
+    /// rules read: the readers it may name), [`EVERYONE`] (an invite naming
+    /// others too), [`REDACTION`] (a redaction: counts before it may have
+    /// moved), 0 no one.
+    pub recheck: i64,
     /// Our users it names.
     pub mentions: Vec<String>,
     /// The thread root it is in (`None`: the main timeline).
@@ -38,9 +40,16 @@ pub struct Class {
 impl Class {
     /// Whether it needs a row: it counts for someone.
     pub fn counts(&self) -> bool {
-        self.unnamed.0 || self.recheck || (self.named.0 && !self.mentions.is_empty())
+        self.unnamed.0 || self.recheck != 0 || (self.named.0 && !self.mentions.is_empty())
     }
 }
+
+/// `recheck`: the legacy name rules read its body.
+pub const LEGACY: i64 = 1;
+/// `recheck`: every reader evaluates it (also set when it is redacted).
+pub const EVERYONE: i64 = 2;
+/// `recheck`: a redaction.
+pub const REDACTION: i64 = 3;
 
 /// The reader no event names: a user id drawn at random per process, whose
 /// localpart no body holds, and the default rules built for it.
@@ -80,7 +89,7 @@ pub async fn classify(
     let raw: Raw<ruma::events::AnySyncTimelineEvent> = Raw::from_json(raw);
     let has_mentions = FlattenedJson::from_raw(&raw).contains_mentions();
     let body = content.get("body").and_then(Value::as_str);
-    let mut recheck = !has_mentions && body.is_some();
+    let mut recheck = if !has_mentions && body.is_some() { LEGACY } else { 0 };
     let mut mentions: Vec<String> = Vec::new();
     if has_mentions && let Some(ids) = content["m.mentions"]["user_ids"].as_array() {
         mentions.extend(ids.iter().filter_map(Value::as_str).filter(|u| is_ours(u, ours)).map(str::to_owned));
@@ -91,7 +100,12 @@ pub async fn classify(
         .filter(|u| is_ours(u, ours));
     // An invite naming others besides its target says something else to
     // each: every reader evaluates it.
-    recheck |= invited.is_some() && !mentions.is_empty();
+    if invited.is_some() && !mentions.is_empty() {
+        recheck = EVERYONE;
+    }
+    if kind == "m.room.redaction" {
+        recheck = REDACTION;
+    }
     mentions.extend(invited.map(str::to_owned));
     mentions.sort_unstable();
     mentions.dedup();
@@ -112,7 +126,7 @@ pub async fn classify(
     let unnamed = outcome(rules, &raw, &ctx).await;
     // What the defaults say to a reader the event names: the same event
     // naming the reader no one can be.
-    let named = match (mentions.is_empty() || recheck, invited) {
+    let named = match (mentions.is_empty() || recheck != 0, invited) {
         (true, _) => unnamed,
         (false, Some(_)) => named_outcome(json, &ctx, |pdu| pdu["state_key"] = nobody.as_str().into()).await,
         (false, None) => {
@@ -124,7 +138,7 @@ pub async fn classify(
             named_outcome(json, &ctx, add).await
         }
     };
-    let words = if recheck { body.map_or(0, words) } else { 0 };
+    let words = if recheck == LEGACY { body.map_or(0, words) } else { 0 };
     Some(Class { unnamed, named, recheck, mentions, thread: thread_in(content).map(str::to_owned), words })
 }
 

@@ -526,7 +526,9 @@ mod tests {
         let (db, dir) = scratch_db("plans-tally").await;
         let sql = tally::window_sql();
         let query = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
-        let plan = plan_of(&db, query.bind("!a:x").bind(1_i64).bind(2_i64).bind("@u:x")).await;
+        let plan =
+            plan_of(&db, query.bind("!a:x").bind(1_i64).bind(2_i64).bind("@u:x").bind(3_i64).bind(4_i64))
+                .await;
         let walks = |line: &&String| {
             line.starts_with("SCAN") || line.ends_with("push_tally_1 (room_id=? AND seq>? AND seq<?)")
         };

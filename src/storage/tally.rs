@@ -24,8 +24,8 @@ pub struct NewRow<'a> {
     pub unnamed: (bool, bool),
     /// To a reader it names.
     pub named: (bool, bool),
-    /// The legacy name rules read its body: a reader it may name evaluates it.
-    pub recheck: bool,
+    /// Who evaluates it themselves (`room::tally::LEGACY`, ...; 0 no one).
+    pub recheck: i64,
     /// Its body's signature (`room::tally::words`).
     pub words: i64,
     /// Our users it names.
@@ -61,7 +61,7 @@ pub async fn insert(conn: &mut AnyConnection, row: &NewRow<'_>) -> Result<()> {
     .bind(row.sender)
     .bind(i64::from(row.unnamed.0))
     .bind(i64::from(row.unnamed.1))
-    .bind(i64::from(row.recheck))
+    .bind(row.recheck)
     .bind(row.words)
     .bind(i64::from(row.named.0))
     .bind(i64::from(row.named.1))
@@ -135,8 +135,10 @@ pub enum SpecialKind {
     /// The legacy name rules read its body (with this signature): a reader
     /// whose name it may hold evaluates it.
     Legacy(i64),
-    /// Redacted since: every reader evaluates it.
+    /// Redacted since, or an invite naming others: every reader evaluates it.
     Redacted,
+    /// A redaction: counts taken before it may have moved.
+    Redaction,
     /// It names the reader; what the default rules say to them.
     Names((bool, bool)),
 }
@@ -146,12 +148,24 @@ pub enum SpecialKind {
 /// take from the totals (their own, the ones that name them, the ones
 /// every reader evaluates), in seq order. One statement, index seeks and
 /// the special rows only.
-pub async fn window(db: &Db, room_id: &str, user: &str, after: i64, upto: i64) -> Result<Window> {
+///
+/// `masks` are the signature masks of the reader's names (display name,
+/// localpart): a legacy row whose signature lacks both cannot name them and
+/// is left out in SQL.
+pub async fn window(
+    db: &Db,
+    room_id: &str,
+    user: &str,
+    (after, upto): (i64, i64),
+    masks: (i64, i64),
+) -> Result<Window> {
     let rows: Vec<(i64, i64, String, i64, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(window_sql()))
         .bind(room_id)
         .bind(after)
         .bind(upto)
         .bind(user)
+        .bind(masks.0)
+        .bind(masks.1)
         .fetch_all(&mut db.reader())
         .await?;
     let mut out = Window::default();
@@ -163,6 +177,7 @@ pub async fn window(db: &Db, room_id: &str, user: &str, after: i64, upto: i64) -
         let kind = match (kind, c) {
             (1, _) => SpecialKind::Own,
             (2, 1) => SpecialKind::Legacy(d),
+            (2, 3) => SpecialKind::Redaction,
             (2, _) => SpecialKind::Redacted,
             _ => SpecialKind::Names((c != 0, d != 0)),
         };
@@ -183,7 +198,8 @@ pub struct Window {
     pub specials: Vec<Special>,
 }
 
-/// [`window`]: $1 room, $2 after, $3 upto, $4 user. Rows of
+/// [`window`]: $1 room, $2 after, $3 upto, $4 user, $5 and $6 the masks of
+/// the reader's names. Rows of
 /// `(kind, seq, thread, a, b, c, d)`: kind 0 a thread's totals (a, b below;
 /// c, d at the top), 1 own, 2 recheck (c its kind, d the signature), 3
 /// names the reader (a, b what the totals counted; c, d what the defaults
@@ -205,10 +221,11 @@ pub(in crate::storage) fn window_sql() -> String {
          FROM push_threads t WHERE t.room_id = $1 AND t.last_seq > $2 \
          UNION ALL \
          SELECT 1, p.seq, p.thread, p.notifies, p.highlights, 0, 0 FROM push_tally p \
-           WHERE {range} AND p.sender = $4 \
+           WHERE {range} AND p.sender = $4 AND p.recheck <> 3 \
          UNION ALL \
          SELECT 2, p.seq, p.thread, p.notifies, p.highlights, p.recheck, p.words FROM push_tally p \
-           WHERE {range} AND p.recheck > 0 AND p.sender <> $4 \
+           WHERE {range} AND p.recheck > 0 AND (p.sender <> $4 OR p.recheck = 3) \
+             AND (p.recheck <> 1 OR (p.words & $5) = $5 OR (p.words & $6) = $6) \
          UNION ALL \
          SELECT 3, p.seq, p.thread, p.notifies, p.highlights, p.named_notifies, p.named_highlights \
            FROM push_mentions m CROSS JOIN push_tally p \
