@@ -73,20 +73,30 @@ pub fn thread_in(content: &Value) -> Option<&str> {
     relates_to.get("event_id")?.as_str()
 }
 
-/// Classifies an event (`json`: its PDU) of `room_id` sent by `sender`;
-/// `power` gives the room's power levels when the rules need them (an
-/// `@room` mention), `ours` says which users are this server's.
+/// Classifies an event of `room_id` sent by `sender`; `power` gives the
+/// room's power levels when the rules need them (an `@room` mention),
+/// `ours` says which users are this server's. The rules are evaluated on the
+/// fields they can name (type, sender, state key, content, room id), not the
+/// whole PDU: its hashes, signatures and edges cost the most to flatten and
+/// no rule reads them.
+#[allow(clippy::too_many_arguments)]
 pub async fn classify(
     room_id: &RoomId,
-    json: &str,
+    sender: &str,
     content: &Value,
     kind: &str,
     state_key: Option<&str>,
     power: impl AsyncFnOnce() -> Option<RoomPowerLevels>,
     ours: &str,
 ) -> Option<Class> {
-    let raw = serde_json::value::RawValue::from_string(json.to_owned()).ok()?;
-    let raw: Raw<ruma::events::AnySyncTimelineEvent> = Raw::from_json(raw);
+    let mut event = serde_json::json!({
+        "type": kind, "sender": sender, "room_id": room_id.as_str(), "content": content,
+    });
+    if let Some(key) = state_key {
+        event["state_key"] = key.into();
+    }
+    let raw: Raw<ruma::events::AnySyncTimelineEvent> =
+        Raw::from_json(serde_json::value::to_raw_value(&event).ok()?);
     let has_mentions = FlattenedJson::from_raw(&raw).contains_mentions();
     let body = content.get("body").and_then(Value::as_str);
     let mut recheck = if !has_mentions && body.is_some() { LEGACY } else { 0 };
@@ -128,14 +138,14 @@ pub async fn classify(
     // naming the reader no one can be.
     let named = match (mentions.is_empty() || recheck != 0, invited) {
         (true, _) => unnamed,
-        (false, Some(_)) => named_outcome(json, &ctx, |pdu| pdu["state_key"] = nobody.as_str().into()).await,
+        (false, Some(_)) => named_outcome(event, &ctx, |e| e["state_key"] = nobody.as_str().into()).await,
         (false, None) => {
             let add = |pdu: &mut Value| {
                 if let Some(ids) = pdu["content"]["m.mentions"]["user_ids"].as_array_mut() {
                     ids.push(nobody.as_str().into());
                 }
             };
-            named_outcome(json, &ctx, add).await
+            named_outcome(event, &ctx, add).await
         }
     };
     let words = if recheck == LEGACY { body.map_or(0, words) } else { 0 };
@@ -185,15 +195,14 @@ async fn outcome(
     (notifies, notifies && actions.iter().any(Action::is_highlight))
 }
 
-/// [`outcome`] of the PDU `json` once `name` has made it name the reader.
+/// [`outcome`] of `event` once `name` has made it name the reader.
 async fn named_outcome(
-    json: &str,
+    mut event: Value,
     ctx: &PushConditionRoomCtx,
     name: impl FnOnce(&mut Value),
 ) -> (bool, bool) {
-    let Ok(mut pdu) = serde_json::from_str::<Value>(json) else { return (false, false) };
-    name(&mut pdu);
-    let Ok(raw) = serde_json::value::to_raw_value(&pdu) else { return (false, false) };
+    name(&mut event);
+    let Ok(raw) = serde_json::value::to_raw_value(&event) else { return (false, false) };
     outcome(&NOBODY.1, &Raw::from_json(raw), ctx).await
 }
 

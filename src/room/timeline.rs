@@ -570,7 +570,7 @@ impl RoomWriter {
             relation: super::relations::relation_of(&draft.content),
         };
         events::insert(self.tx.conn(), &new).await?;
-        self.tally(state, &pdu, draft, &json, seq).await?;
+        self.tally(state, &pdu, draft, seq).await?;
         if let Some(key) = &draft.state_key {
             let members = membership_change.as_ref().map(|(_, old, new)| (old.as_str(), new.as_str()));
             super::directory::track_state(
@@ -650,19 +650,12 @@ impl RoomWriter {
 
     /// Files what the event at `seq` counts for in unread counts (see
     /// [`super::tally`]): a row when it counts for anyone.
-    async fn tally(
-        &mut self,
-        state: &AppState,
-        pdu: &Pdu,
-        draft: &Draft,
-        json: &str,
-        seq: i64,
-    ) -> Result<()> {
+    async fn tally(&mut self, state: &AppState, pdu: &Pdu, draft: &Draft, seq: i64) -> Result<()> {
         let content: serde_json::Value = pdu.content_as().unwrap_or_default();
         let room_id = self.room_id.clone();
         let class = super::tally::classify(
             &room_id,
-            json,
+            draft.sender.as_str(),
             &content,
             &draft.kind,
             draft.state_key.as_deref(),
