@@ -101,6 +101,10 @@ pub struct RoomWriter {
     /// Something was stored off the line (a soft-failed event): the write
     /// commits though no event was placed.
     kept_off_line: bool,
+    /// Unread-count rows of the events appended, filed at commit.
+    tally_rows: Vec<storage::tally::NewRow>,
+    /// Each thread's unread-count totals as this write leaves them.
+    tally_totals: HashMap<String, (i64, i64)>,
     tx: RoomTx,
 }
 
@@ -132,6 +136,8 @@ impl RoomWriter {
             destinations: Default::default(),
             resolved_targets: Vec::new(),
             kept_off_line: false,
+            tally_rows: Vec::new(),
+            tally_totals: HashMap::new(),
             tx,
         })
     }
@@ -168,6 +174,8 @@ impl RoomWriter {
             destinations: Default::default(),
             resolved_targets: Vec::new(),
             kept_off_line: false,
+            tally_rows: Vec::new(),
+            tally_totals: HashMap::new(),
             tx,
         }
     }
@@ -178,6 +186,7 @@ impl RoomWriter {
         if cache.last_seq == self.last_seq && self.state.is_empty() {
             self.state = cache.state;
             self.by_id = cache.by_id;
+            self.tally_totals = cache.tally_totals;
         }
     }
 
@@ -664,18 +673,25 @@ impl RoomWriter {
         )
         .await;
         let Some(class) = class.filter(super::tally::Class::counts) else { return Ok(()) };
-        let row = storage::tally::NewRow {
-            room_id: room_id.as_str(),
+        let thread = class.thread.unwrap_or_default();
+        let totals = match self.tally_totals.get(&thread) {
+            Some(t) => *t,
+            None => storage::tally::thread_totals(self.tx.conn(), room_id.as_str(), &thread).await?,
+        };
+        let totals = (totals.0 + i64::from(class.unnamed.0), totals.1 + i64::from(class.unnamed.1));
+        self.tally_totals.insert(thread.clone(), totals);
+        self.tally_rows.push(storage::tally::NewRow {
             seq,
-            thread: class.thread.as_deref().unwrap_or(""),
-            sender: draft.sender.as_str(),
+            thread,
+            sender: draft.sender.to_string(),
             unnamed: class.unnamed,
             named: class.named,
             recheck: class.recheck,
             words: class.words,
-            mentions: &class.mentions,
-        };
-        storage::tally::insert(self.tx.conn(), &row).await
+            mentions: class.mentions,
+            totals,
+        });
+        Ok(())
     }
 
     /// Redactions placed before `target` arrived that name it: each applies
@@ -855,8 +871,11 @@ impl RoomWriter {
             by_id,
             destinations,
             resolved_targets,
+            tally_rows,
+            tally_totals,
             ..
         } = self;
+        storage::tally::insert(tx.conn(), room_id.as_str(), &tally_rows).await?;
         let extremities: Vec<String> = extremities.iter().map(ToString::to_string).collect();
         rooms::set_head(tx.conn(), room_id.as_str(), last_seq, &extremities, max_depth, state_changed)
             .await?;
@@ -876,12 +895,14 @@ impl RoomWriter {
                 Change::Room { room: room_id.to_string(), seq, state, member }
             });
         }
-        Ok((Committed { room_id, appended, destinations, targets }, StateCache::new(last_seq, state, by_id)))
+        let cache = StateCache::new(last_seq, state, by_id, tally_totals);
+        Ok((Committed { room_id, appended, destinations, targets }, cache))
     }
 
     /// Ends the write without committing anything, keeping what it loaded.
     fn into_cache(self) -> StateCache {
-        StateCache::new(self.last_seq, self.state, self.by_id)
+        // The totals are left behind: they may count rows never filed.
+        StateCache::new(self.last_seq, self.state, self.by_id, HashMap::new())
     }
 }
 
@@ -893,6 +914,8 @@ struct StateCache {
     state: HashMap<(String, String), Option<Pdu>>,
     /// The state events among them by id (auth events are state events).
     by_id: HashMap<OwnedEventId, Pdu>,
+    /// Each thread's unread-count totals through the head.
+    tally_totals: HashMap<String, (i64, i64)>,
 }
 
 impl StateCache {
@@ -900,10 +923,11 @@ impl StateCache {
         last_seq: i64,
         state: HashMap<(String, String), Option<Pdu>>,
         mut by_id: HashMap<OwnedEventId, Pdu>,
+        tally_totals: HashMap<String, (i64, i64)>,
     ) -> Self {
         // Messages appended by the write are no auth events of later ones.
         by_id.retain(|_, p| p.state_key.is_some());
-        Self { last_seq, state, by_id }
+        Self { last_seq, state, by_id, tally_totals }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The running totals behind unread counts (`push_tally`, `push_threads`,
 //! `push_mentions`, `push_floor`; docs/unread-counts.md): written with each
 //! event placed at the head of a room's line, in its write transaction, and
-//! read per (user, room) in two statements however many events are unread.
+//! read per (user, room) in one statement however many events are unread.
 
 use sqlx::AnyConnection;
 
@@ -10,15 +10,13 @@ use crate::error::Result;
 
 /// What an event placed at the head counts for (its row of `push_tally`).
 #[derive(Debug, Clone)]
-pub struct NewRow<'a> {
-    /// Room.
-    pub room_id: &'a str,
+pub struct NewRow {
     /// Seq.
     pub seq: i64,
     /// Thread root (`""`: the main timeline).
-    pub thread: &'a str,
+    pub thread: String,
     /// Sender.
-    pub sender: &'a str,
+    pub sender: String,
     /// `(notify, highlight)`: what the default rules say to a reader it
     /// does not name.
     pub unnamed: (bool, bool),
@@ -29,51 +27,84 @@ pub struct NewRow<'a> {
     /// Its body's signature (`room::tally::words`).
     pub words: i64,
     /// Our users it names.
-    pub mentions: &'a [String],
+    pub mentions: Vec<String>,
+    /// Its thread's `(notify, highlight)` totals through it.
+    pub totals: (i64, i64),
 }
 
-/// Files `row`: its thread's totals move by its outcome (one upsert that
-/// answers the new totals), its row records them, and its mentions follow.
-pub async fn insert(conn: &mut AnyConnection, row: &NewRow<'_>) -> Result<()> {
-    let (notify_n, highlight_n): (i64, i64) = sqlx::query_as(
-        "INSERT INTO push_threads (room_id, thread, last_seq, notify_n, highlight_n) \
-         VALUES ($1, $2, $3, $4, $5) \
-         ON CONFLICT (room_id, thread) DO UPDATE SET last_seq = excluded.last_seq, \
-           notify_n = push_threads.notify_n + excluded.notify_n, \
-           highlight_n = push_threads.highlight_n + excluded.highlight_n \
-         RETURNING notify_n, highlight_n",
-    )
-    .bind(row.room_id)
-    .bind(row.thread)
-    .bind(row.seq)
-    .bind(i64::from(row.unnamed.0))
-    .bind(i64::from(row.unnamed.1))
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
-        "INSERT INTO push_tally (room_id, seq, thread, sender, notifies, highlights, recheck, words, \
-           named_notifies, named_highlights, notify_n, highlight_n) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-    )
-    .bind(row.room_id)
-    .bind(row.seq)
-    .bind(row.thread)
-    .bind(row.sender)
-    .bind(i64::from(row.unnamed.0))
-    .bind(i64::from(row.unnamed.1))
-    .bind(row.recheck)
-    .bind(row.words)
-    .bind(i64::from(row.named.0))
-    .bind(i64::from(row.named.1))
-    .bind(notify_n)
-    .bind(highlight_n)
-    .execute(&mut *conn)
-    .await?;
-    for chunk in row.mentions.chunks(100) {
+/// A thread's `(notify, highlight)` totals through its newest row (0, 0
+/// for a thread with none).
+pub async fn thread_totals(conn: &mut AnyConnection, room_id: &str, thread: &str) -> Result<(i64, i64)> {
+    let row: Option<(i64, i64)> =
+        sqlx::query_as("SELECT notify_n, highlight_n FROM push_threads WHERE room_id = $1 AND thread = $2")
+            .bind(room_id)
+            .bind(thread)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.unwrap_or((0, 0)))
+}
+
+/// Rows one multi-row insert writes at most (12 values each).
+const ROWS_PER_INSERT: usize = 64;
+
+/// Files the rows of one write transaction (in seq order, their totals
+/// worked out by the writer from [`thread_totals`]): a few statements for
+/// the whole batch, whatever its size, then each thread's new top.
+pub async fn insert(conn: &mut AnyConnection, room_id: &str, rows: &[NewRow]) -> Result<()> {
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let sql = super::values_sql(
+            "INSERT INTO push_tally (room_id, seq, thread, sender, notifies, highlights, recheck, words, \
+               named_notifies, named_highlights, notify_n, highlight_n)",
+            12,
+            chunk.len(),
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for row in chunk {
+            query = query
+                .bind(room_id)
+                .bind(row.seq)
+                .bind(row.thread.as_str())
+                .bind(row.sender.as_str())
+                .bind(i64::from(row.unnamed.0))
+                .bind(i64::from(row.unnamed.1))
+                .bind(row.recheck)
+                .bind(row.words)
+                .bind(i64::from(row.named.0))
+                .bind(i64::from(row.named.1))
+                .bind(row.totals.0)
+                .bind(row.totals.1);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    // Each thread's top: its last row in the batch.
+    let mut tops: Vec<&NewRow> = Vec::new();
+    for row in rows.iter().rev() {
+        if !tops.iter().any(|t| t.thread == row.thread) {
+            tops.push(row);
+        }
+    }
+    for top in tops {
+        sqlx::query(
+            "INSERT INTO push_threads (room_id, thread, last_seq, notify_n, highlight_n) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (room_id, thread) DO UPDATE SET last_seq = excluded.last_seq, \
+               notify_n = excluded.notify_n, highlight_n = excluded.highlight_n",
+        )
+        .bind(room_id)
+        .bind(top.thread.as_str())
+        .bind(top.seq)
+        .bind(top.totals.0)
+        .bind(top.totals.1)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let mentions: Vec<(&str, i64)> =
+        rows.iter().flat_map(|r| r.mentions.iter().map(move |u| (u.as_str(), r.seq))).collect();
+    for chunk in mentions.chunks(100) {
         let sql = super::values_sql("INSERT INTO push_mentions (room_id, user_id, seq)", 3, chunk.len());
         let mut query = sqlx::query(sqlx::AssertSqlSafe(format!("{sql} ON CONFLICT DO NOTHING")));
-        for user in chunk {
-            query = query.bind(row.room_id).bind(user.as_str()).bind(row.seq);
+        for (user, seq) in chunk {
+            query = query.bind(room_id).bind(*user).bind(*seq);
         }
         query.execute(&mut *conn).await?;
     }
