@@ -65,7 +65,7 @@ impl DefaultRules {
         if let Some(rules) = self.users.lock().unwrap_or_else(|e| e.into_inner()).get(user) {
             return rules.clone();
         }
-        let rules = Arc::new(default_ruleset(user));
+        let rules = Arc::new(crate::room::tally::default_ruleset(user));
         let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
         if users.len() >= MAX_DEFAULT_RULESETS {
             users.clear();
@@ -73,52 +73,6 @@ impl DefaultRules {
         users.insert(user.to_owned(), rules.clone());
         rules
     }
-}
-
-/// The spec's default rule set. ruma's `server_default` leaves out the three
-/// rules deprecated in v1.7 (`.m.rule.contains_display_name`,
-/// `.m.rule.roomnotif`, `.m.rule.contains_user_name`), which the spec still
-/// lists and clients still show; they go in at their places. They only match
-/// events without `m.mentions` (ruma's evaluation skips them otherwise).
-pub fn default_ruleset(user: &UserId) -> Ruleset {
-    let base = Ruleset::server_default(user);
-    let Ok(mut value) = serde_json::to_value(&base) else { return base };
-    let highlight_sound = serde_json::json!([
-        "notify", { "set_tweak": "sound", "value": "default" }, { "set_tweak": "highlight" }
-    ]);
-    let legacy = [
-        (
-            ".m.rule.is_user_mention",
-            serde_json::json!({
-                "rule_id": ".m.rule.contains_display_name", "default": true, "enabled": true,
-                "conditions": [{ "kind": "contains_display_name" }],
-                "actions": highlight_sound,
-            }),
-        ),
-        (
-            ".m.rule.is_room_mention",
-            serde_json::json!({
-                "rule_id": ".m.rule.roomnotif", "default": true, "enabled": true,
-                "conditions": [
-                    { "kind": "event_match", "key": "content.body", "pattern": "@room" },
-                    { "kind": "sender_notification_permission", "key": "room" },
-                ],
-                "actions": ["notify", { "set_tweak": "highlight" }],
-            }),
-        ),
-    ];
-    if let Some(rules) = value["override"].as_array_mut() {
-        for (after, rule) in legacy {
-            let at = rules.iter().position(|r| r["rule_id"] == after).map_or(rules.len(), |i| i + 1);
-            rules.insert(at, rule);
-        }
-    }
-    value["content"] = serde_json::json!([{
-        "rule_id": ".m.rule.contains_user_name", "default": true, "enabled": true,
-        "pattern": user.localpart(),
-        "actions": highlight_sound,
-    }]);
-    serde_json::from_value(value).unwrap_or(base)
 }
 
 /// What the rules say about one event.
@@ -647,6 +601,7 @@ async fn deliver(state: &AppState, user: &str, app_id: &str, pushkey: &str, url:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::room::tally::default_ruleset;
 
     const ROOM: &str = "!r:example.org";
 

@@ -12,6 +12,7 @@ backend_tests!(
     counts_are_exact_past_a_thousand_with_threads_receipts_and_redactions,
     counts_follow_push_rule_changes_past_a_thousand,
     counts_start_at_the_current_stay,
+    a_thread_root_that_is_no_event_id_counts_in_the_main_timeline,
 );
 
 /// One event the test sent, as the oracle sees it.
@@ -395,4 +396,32 @@ async fn counts_start_at_the_current_stay(backend: Backend) {
     let (status, body) = server.post(&path, Some(&bob.token), json!({ "m.fully_read": last })).await;
     assert_eq!(status, 200, "{body}");
     check(&server, &bob, &room, &sent, &Rules::default(), &Marks::default(), "after m.fully_read").await;
+}
+
+/// A thread reply naming a root that is no event id (here 3,000 bytes,
+/// past what a PostgreSQL index entry holds) is stored, related to nothing,
+/// and counts in the main timeline; the sends beside it are not failed.
+async fn a_thread_root_that_is_no_event_id_counts_in_the_main_timeline(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = room_of_two(&server, &alice, &bob).await;
+    // Characters that do not compress: PostgreSQL compresses long index keys.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: String = (0..3000)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            char::from(b'a' + ((x >> 33) % 26) as u8)
+        })
+        .collect();
+    let root = format!("${noise}");
+    let bogus = json!({ "msgtype": "m.text", "body": "odd", "m.mentions": {},
+                        "m.relates_to": { "rel_type": "m.thread", "event_id": root } });
+    // Before the bound, PostgreSQL failed this send (and the sends written
+    // with it) with a 500: the key was too long for its index entries.
+    send(&server, &alice, &room, "m.room.message", bogus, 1).await;
+    let plain = json!({ "msgtype": "m.text", "body": "plain", "m.mentions": {} });
+    send(&server, &alice, &room, "m.room.message", plain, 2).await;
+    let (all, main, threads) = counts_seen(&server, &bob, &room).await;
+    assert_eq!((all, main, threads), ((2, 0), (2, 0), Default::default()));
 }

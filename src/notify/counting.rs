@@ -7,7 +7,8 @@
 //! of their unread window less those at its bottom, less their own events,
 //! with the few events that may say something else to them (those naming
 //! them, those the legacy name rules read, redacted ones) evaluated one by
-//! one. Two statements per room, whatever the number of unread events.
+//! one. One statement per room, whatever the number of unread events, and
+//! for a woken sync only the new stretch.
 //! Other readers, events from before the tally, and windows the reader may
 //! not read whole are evaluated event by event, a page at a time.
 

@@ -33,13 +33,18 @@ pub fn relation_of(content: &CanonicalJsonObject) -> Option<NewRelation<'_>> {
     let CanonicalJsonValue::Object(relates_to) = content.get("m.relates_to")? else { return None };
     let rel_type = relates_to.get("rel_type")?.as_str()?;
     let relates_to_id = relates_to.get("event_id")?.as_str()?;
-    let clean = |s: &str| !s.contains('\0');
     let well_formed = !rel_type.is_empty()
         && rel_type.len() <= 255
-        && clean(rel_type)
-        && clean(relates_to_id)
-        && <&ruma::EventId>::try_from(relates_to_id).is_ok();
+        && !rel_type.contains('\0')
+        && names_an_event(relates_to_id);
     well_formed.then_some(NewRelation { relates_to_id, rel_type })
+}
+
+/// Whether a relation's `event_id` can name an event: an event id of at
+/// most 255 bytes (the spec's bound; ruma's parser allows longer ones, and a
+/// longer key fails PostgreSQL's index entries), without NUL.
+pub fn names_an_event(id: &str) -> bool {
+    id.len() <= 255 && !id.contains('\0') && <&ruma::EventId>::try_from(id).is_ok()
 }
 
 /// The `rel_type` of a served event's own relation.

@@ -13,7 +13,7 @@ use std::sync::{Arc, LazyLock};
 use ruma::events::room::power_levels::RoomPowerLevels;
 use ruma::push::{Action, FlattenedJson, PushConditionRoomCtx, Ruleset};
 use ruma::serde::Raw;
-use ruma::{OwnedUserId, RoomId, UInt};
+use ruma::{OwnedUserId, RoomId, UInt, UserId};
 use serde_json::Value;
 
 /// What the default rules say of an event for readers it does not name and
@@ -44,6 +44,53 @@ impl Class {
     }
 }
 
+/// The spec's default rule set (here, below `notify`, because the write
+/// path classifies with it). ruma's `server_default` leaves out the three
+/// rules deprecated in v1.7 (`.m.rule.contains_display_name`,
+/// `.m.rule.roomnotif`, `.m.rule.contains_user_name`), which the spec still
+/// lists and clients still show; they go in at their places. They only match
+/// events without `m.mentions` (ruma's evaluation skips them otherwise).
+pub fn default_ruleset(user: &UserId) -> Ruleset {
+    let base = Ruleset::server_default(user);
+    let Ok(mut value) = serde_json::to_value(&base) else { return base };
+    let highlight_sound = serde_json::json!([
+        "notify", { "set_tweak": "sound", "value": "default" }, { "set_tweak": "highlight" }
+    ]);
+    let legacy = [
+        (
+            ".m.rule.is_user_mention",
+            serde_json::json!({
+                "rule_id": ".m.rule.contains_display_name", "default": true, "enabled": true,
+                "conditions": [{ "kind": "contains_display_name" }],
+                "actions": highlight_sound,
+            }),
+        ),
+        (
+            ".m.rule.is_room_mention",
+            serde_json::json!({
+                "rule_id": ".m.rule.roomnotif", "default": true, "enabled": true,
+                "conditions": [
+                    { "kind": "event_match", "key": "content.body", "pattern": "@room" },
+                    { "kind": "sender_notification_permission", "key": "room" },
+                ],
+                "actions": ["notify", { "set_tweak": "highlight" }],
+            }),
+        ),
+    ];
+    if let Some(rules) = value["override"].as_array_mut() {
+        for (after, rule) in legacy {
+            let at = rules.iter().position(|r| r["rule_id"] == after).map_or(rules.len(), |i| i + 1);
+            rules.insert(at, rule);
+        }
+    }
+    value["content"] = serde_json::json!([{
+        "rule_id": ".m.rule.contains_user_name", "default": true, "enabled": true,
+        "pattern": user.localpart(),
+        "actions": highlight_sound,
+    }]);
+    serde_json::from_value(value).unwrap_or(base)
+}
+
 /// `recheck`: the legacy name rules read its body.
 pub const LEGACY: i64 = 1;
 /// `recheck`: every reader evaluates it (also set when it is redacted).
@@ -59,18 +106,20 @@ static NOBODY: LazyLock<(OwnedUserId, Arc<Ruleset>)> = LazyLock::new(|| {
     let local: String = (0..24).map(|_| char::from(b'a' + (rng.next_u32() % 26) as u8)).collect();
     let user = OwnedUserId::try_from(format!("@{local}:nobody.invalid"))
         .unwrap_or_else(|_| OwnedUserId::try_from("@nobody:nobody.invalid").expect("a valid user id"));
-    let rules = Arc::new(crate::notify::default_ruleset(&user));
+    let rules = Arc::new(default_ruleset(&user));
     (user, rules)
 });
 
 /// The thread an event's content puts it in: the root its `m.thread`
-/// relation names.
+/// relation names, when that is an event id (as `relations::relation_of`
+/// records relations: a malformed or oversized id puts it in no thread).
 pub fn thread_in(content: &Value) -> Option<&str> {
     let relates_to = content.get("m.relates_to")?;
     if relates_to.get("rel_type")?.as_str()? != "m.thread" {
         return None;
     }
-    relates_to.get("event_id")?.as_str()
+    let root = relates_to.get("event_id")?.as_str()?;
+    super::relations::names_an_event(root).then_some(root)
 }
 
 /// Classifies an event of `room_id` sent by `sender`; `power` gives the
