@@ -185,22 +185,18 @@ async fn filed_timestamps(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> Re
     for (room_id, mut indices) in by_room {
         indices.sort_by_key(|&i| rows[i].seq);
         let (Some(&first), Some(&last)) = (indices.first(), indices.last()) else { continue };
-        let neighbour = |order: &'static str| {
-            let cmp = if order == "DESC" { "<" } else { ">" };
-            format!(
-                "SELECT origin_server_ts FROM events WHERE room_id = $1 AND seq {cmp} $2 ORDER BY seq {order} LIMIT 1"
-            )
-        };
-        let below: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(neighbour("DESC")))
-            .bind(room_id)
-            .bind(rows[first].seq)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let above: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(neighbour("ASC")))
-            .bind(room_id)
-            .bind(rows[last].seq)
-            .fetch_optional(&mut *conn)
-            .await?;
+        // Both neighbours in one statement (one round trip of the writer's).
+        let (below, above): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT (SELECT origin_server_ts FROM events WHERE room_id = $1 AND seq < $2 \
+                     ORDER BY seq DESC LIMIT 1), \
+                    (SELECT origin_server_ts FROM events WHERE room_id = $1 AND seq > $3 \
+                     ORDER BY seq ASC LIMIT 1)",
+        )
+        .bind(room_id)
+        .bind(rows[first].seq)
+        .bind(rows[last].seq)
+        .fetch_one(&mut *conn)
+        .await?;
         // Downwards no later than what lies above, then upwards no earlier
         // than what lies below.
         let mut cap = above.unwrap_or(now).min(now);

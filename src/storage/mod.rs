@@ -187,6 +187,7 @@ const SQLITE_MIGRATIONS: MigrationSet = &[
     (36, "remote_device_lists", include_str!("../../migrations/sqlite/0036_remote_device_lists.sql")),
     (37, "typing_in_memory", include_str!("../../migrations/sqlite/0037_typing_in_memory.sql")),
     (38, "push_tally", include_str!("../../migrations/sqlite/0038_push_tally.sql")),
+    (39, "push_threads_main", include_str!("../../migrations/sqlite/0039_push_threads_main.sql")),
 ];
 
 const POSTGRES_MIGRATIONS: MigrationSet = &[
@@ -226,6 +227,7 @@ const POSTGRES_MIGRATIONS: MigrationSet = &[
     (36, "remote_device_lists", include_str!("../../migrations/postgres/0036_remote_device_lists.sql")),
     (37, "typing_in_memory", include_str!("../../migrations/postgres/0037_typing_in_memory.sql")),
     (38, "push_tally", include_str!("../../migrations/postgres/0038_push_tally.sql")),
+    (39, "push_threads_main", include_str!("../../migrations/postgres/0039_push_threads_main.sql")),
 ];
 
 impl Db {

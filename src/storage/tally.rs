@@ -33,14 +33,16 @@ pub struct NewRow {
 }
 
 /// A thread's `(notify, highlight)` totals through its newest row (0, 0
-/// for a thread with none).
+/// for a thread with none), read on the writer's connection.
 pub async fn thread_totals(conn: &mut AnyConnection, room_id: &str, thread: &str) -> Result<(i64, i64)> {
-    let row: Option<(i64, i64)> =
-        sqlx::query_as("SELECT notify_n, highlight_n FROM push_threads WHERE room_id = $1 AND thread = $2")
-            .bind(room_id)
-            .bind(thread)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT notify_n, highlight_n FROM push_tally WHERE room_id = $1 AND thread = $2 \
+         ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(room_id)
+    .bind(thread)
+    .fetch_optional(&mut *conn)
+    .await?;
     Ok(row.unwrap_or((0, 0)))
 }
 
@@ -49,7 +51,8 @@ const ROWS_PER_INSERT: usize = 64;
 
 /// Files the rows of one write transaction (in seq order, their totals
 /// worked out by the writer from [`thread_totals`]): a few statements for
-/// the whole batch, whatever its size, then each thread's new top.
+/// the whole batch, whatever its size, then each thread's new top (threads
+/// other than the main timeline: `push_threads`).
 pub async fn insert(conn: &mut AnyConnection, room_id: &str, rows: &[NewRow]) -> Result<()> {
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         let sql = super::values_sql(
@@ -76,10 +79,12 @@ pub async fn insert(conn: &mut AnyConnection, room_id: &str, rows: &[NewRow]) ->
         }
         query.execute(&mut *conn).await?;
     }
-    // Each thread's top: its last row in the batch.
+    // Each thread's top: its last row in the batch. The main timeline's is
+    // its newest row of `push_tally`, read there (no second write for the
+    // most common event).
     let mut tops: Vec<&NewRow> = Vec::new();
     for row in rows.iter().rev() {
-        if !tops.iter().any(|t| t.thread == row.thread) {
+        if !row.thread.is_empty() && !tops.iter().any(|t| t.thread == row.thread) {
             tops.push(row);
         }
     }
@@ -245,8 +250,19 @@ pub(in crate::storage) fn window_sql() -> String {
         )
     };
     let range = "p.room_id = $1 AND p.seq > $2 AND p.seq <= $3";
+    // The main timeline: its newest row up to the top, when in the window.
+    let main_below = |column: &str| {
+        format!(
+            "COALESCE((SELECT q.{column} FROM push_tally q WHERE q.room_id = $1 AND q.thread = '' \
+               AND q.seq <= $2 ORDER BY q.seq DESC LIMIT 1), 0)"
+        )
+    };
     format!(
-        "SELECT 0, 0, t.thread, {}, {}, \
+        "SELECT 0, p.seq, '', {}, {}, p.notify_n, p.highlight_n FROM push_tally p \
+         WHERE p.room_id = $1 AND p.thread = '' AND p.seq > $2 AND p.seq = (SELECT MAX(q.seq) FROM push_tally q \
+           WHERE q.room_id = $1 AND q.thread = '' AND q.seq <= $3) \
+         UNION ALL \
+         SELECT 0, t.last_seq, t.thread, {}, {}, \
            CASE WHEN t.last_seq <= $3 THEN t.notify_n ELSE {} END, \
            CASE WHEN t.last_seq <= $3 THEN t.highlight_n ELSE {} END \
          FROM push_threads t WHERE t.room_id = $1 AND t.last_seq > $2 \
@@ -263,6 +279,8 @@ pub(in crate::storage) fn window_sql() -> String {
            WHERE p.room_id = m.room_id AND p.seq = m.seq \
              AND m.room_id = $1 AND m.user_id = $4 AND m.seq > $2 AND m.seq <= $3 \
              AND p.recheck = 0 AND p.sender <> $4",
+        main_below("notify_n"),
+        main_below("highlight_n"),
         at("notify_n", "$2"),
         at("highlight_n", "$2"),
         at("notify_n", "$3"),
