@@ -37,6 +37,8 @@ pub struct Services {
     pub presence: crate::sync::presence::PresenceMap,
     /// Unread-notification counts already worked out.
     pub counts: crate::notify::CountCache,
+    /// What joined rooms' last `/sync` entries said besides their events.
+    pub quiet_rooms: crate::sync::quiet::QuietRooms,
     /// Users with at least one pusher (so the send path asks no more).
     pub pusher_users: std::sync::RwLock<std::collections::HashSet<String>>,
     /// Outgoing HTTP (push gateways): address checks, TLS, no redirects.
@@ -101,6 +103,7 @@ impl AppState {
             typing: Typing::default(),
             presence: crate::sync::presence::PresenceMap::default(),
             counts: crate::notify::CountCache::default(),
+            quiet_rooms: crate::sync::quiet::QuietRooms::default(),
             pusher_users: std::sync::RwLock::new(pusher_users),
             server_resolver: crate::federation::resolve::Resolver::new(outbound.clone()),
             outbound,

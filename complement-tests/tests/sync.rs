@@ -29,6 +29,7 @@ backend_tests!(
     use_state_after_sends_state_after_the_timeline,
     long_poll_wakes_on_a_message,
     long_poll_wakes_on_typing,
+    a_typing_wake_carries_the_counts_as_they_stand,
     long_poll_wakes_on_a_receipt_and_private_receipts_stay_private,
     long_poll_wakes_on_account_data_and_tags,
     long_poll_of_a_non_member_is_not_woken,
@@ -880,13 +881,19 @@ async fn assert_typing_not_repeated(server: &Server, user: &User, body: &Value) 
     );
 }
 
-async fn long_poll_wakes_on_typing(backend: Backend) {
-    let server = Server::start(&backend).await;
+/// Alice's public room, which Bob joined, and Alice's first sync's token.
+async fn alice_and_bob_synced(backend: &Backend) -> (Server, User, User, String, String) {
+    let server = Server::start(backend).await;
     let alice = server.register("alice", "pw").await;
     let bob = server.register("bob", "pw").await;
     let room = create_room(&server, &alice, json!({ "preset": "public_chat" })).await;
     join(&server, &bob, &room).await;
     let token = next_batch(&sync(&server, &alice, "").await);
+    (server, alice, bob, room, token)
+}
+
+async fn long_poll_wakes_on_typing(backend: Backend) {
+    let (server, alice, bob, room, token) = alice_and_bob_synced(&backend).await;
     let typing_path = room_path(&room, &format!("/typing/{}", enc(&bob.user_id)));
 
     let poll = spawn_long_poll(&server, &alice, &token);
@@ -918,6 +925,58 @@ async fn long_poll_wakes_on_typing(backend: Backend) {
     let typing =
         ephemeral(room_in(&body, "join", &room), "m.typing").unwrap_or_else(|| panic!("no m.typing: {body}"));
     assert_eq!(typing["content"], json!({ "user_ids": [] }), "{body}");
+}
+
+/// A long-poll woken by typing alone answers the room's counts as they
+/// stand now (kept from the room's last entry, which a message, a receipt
+/// or an initial sync in between must not leave standing), an empty
+/// timeline whose `prev_batch` pages back from the newest event, and the
+/// notice.
+async fn a_typing_wake_carries_the_counts_as_they_stand(backend: Backend) {
+    let (server, alice, bob, room, token) = alice_and_bob_synced(&backend).await;
+    let typing_path = room_path(&room, &format!("/typing/{}", enc(&bob.user_id)));
+    let counts = |n: u64| json!({ "notification_count": n, "highlight_count": 0 });
+    let typing_wake = async |token: &str, typing: bool| {
+        let poll = spawn_long_poll(&server, &alice, token);
+        put_ok(&server, &bob, &typing_path, json!({ "typing": typing, "timeout": 30000 })).await;
+        let body = woken(poll, "typing").await;
+        let joined = room_in(&body, "join", &room).clone();
+        let notice = ephemeral(&joined, "m.typing").unwrap_or_else(|| panic!("no m.typing: {body}")).clone();
+        let users = if typing { json!([bob.user_id]) } else { json!([]) };
+        assert_eq!(notice["content"], json!({ "user_ids": users }), "{body}");
+        assert!(timeline(&joined).is_empty(), "{body}");
+        assert_eq!(joined["timeline"]["limited"], false, "{body}");
+        assert!(events(&joined["state"]).is_empty(), "{body}");
+        (next_batch(&body), joined)
+    };
+
+    send_text(&server, &bob, &room, "m1", "one").await;
+    let second = send_text(&server, &bob, &room, "m2", "two").await;
+    let body = sync(&server, &alice, &since(&token)).await;
+    assert_eq!(room_in(&body, "join", &room)["unread_notifications"], counts(2), "{body}");
+
+    let (token, joined) = typing_wake(&next_batch(&body), true).await;
+    assert_eq!(joined["unread_notifications"], counts(2), "{joined}");
+    let prev = joined["timeline"]["prev_batch"].as_str().unwrap_or_else(|| panic!("no prev_batch: {joined}"));
+    let before = messages_before(&server, &alice, &room, Some(prev)).await;
+    assert_eq!(before.last().and_then(|e| e["event_id"].as_str()), Some(second.as_str()), "{before:?}");
+
+    // Her receipt moves the counts: the next typing wake says so.
+    let poll = spawn_long_poll(&server, &alice, &token);
+    post_ok(&server, &alice, &room_path(&room, &format!("/receipt/m.read/{}", enc(&second))), json!({}))
+        .await;
+    let body = woken(poll, "receipt").await;
+    assert_eq!(room_in(&body, "join", &room)["unread_notifications"], counts(0), "{body}");
+    let (_, joined) = typing_wake(&next_batch(&body), false).await;
+    assert_eq!(joined["unread_notifications"], counts(0), "{joined}");
+
+    // A message she syncs past only in an initial sync (no entry kept from
+    // it): a typing wake from there counts it, not the 0 kept before.
+    let third = send_text(&server, &bob, &room, "m3", "three").await;
+    let body = sync(&server, &alice, "").await;
+    assert_eq!(ids(timeline(room_in(&body, "join", &room))).last(), Some(&third), "{body}");
+    let (_, joined) = typing_wake(&next_batch(&body), true).await;
+    assert_eq!(joined["unread_notifications"], counts(1), "{joined}");
 }
 
 async fn long_poll_wakes_on_a_receipt_and_private_receipts_stay_private(backend: Backend) {

@@ -8,6 +8,7 @@
 //! the same check as `/messages`.
 
 pub mod presence;
+pub mod quiet;
 pub mod sliding;
 pub mod typing;
 pub mod writes;
@@ -406,6 +407,29 @@ async fn build(
             changed.iter().any(|c: &String| c == room)
                 || room_data.iter().any(|(r, _, _)| r == room)
                 || state.typing.changed_since(room, Some(since.typing), now.typing).is_some()
+        });
+    }
+    // Woken by typing alone in a room whose last entry still holds: answered
+    // from that entry, nothing read (see `quiet`).
+    if let Some(r) = reuse.as_ref().filter(|r| !r.moved.account_data) {
+        let state_key = req.state_after.unwrap_or("state");
+        let by_thread = req.filter.unread_thread_notifications;
+        ids.retain(|&room| {
+            if r.moved.rooms.contains_key(room) || room_data.iter().any(|(r, _, _)| r == room) {
+                return true;
+            }
+            let Some(users) = state.typing.changed_since(room, Some(since.typing), now.typing) else {
+                return true;
+            };
+            let user = me.user_id.as_str();
+            let Some(quiet) = state.quiet_rooms.still(&state.streams, user, room, now.stream, by_thread)
+            else {
+                return true;
+            };
+            let typing = json!({ "type": "m.typing", "content": { "user_ids": users } });
+            join.insert(room.to_owned(), quiet::entry(quiet, vec![typing], state_key));
+            has_news = true;
+            false
         });
     }
     // Every room's row in one read (after `now`: the rows are at least as
@@ -839,6 +863,16 @@ async fn joined_room(
         room["unread_thread_notifications"] = Value::Object(threads);
     }
     room[state_key] = json!({ "events": state_events });
+    if !initial {
+        let quiet = quiet::Quiet {
+            seq: now_seq,
+            unread: room["unread_notifications"].clone(),
+            threads: room.get("unread_thread_notifications").cloned(),
+            summary: room["summary"].clone(),
+        };
+        let by_thread = req.filter.unread_thread_notifications;
+        state.quiet_rooms.remember(me.user_id.as_str(), room_id, now.stream, by_thread, quiet);
+    }
     Ok(Some(room))
 }
 

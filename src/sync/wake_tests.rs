@@ -150,6 +150,12 @@ async fn server_with(
     (state, app, sessions, data_dir)
 }
 
+/// A room `token`'s user creates with `preset`.
+async fn create_room(app: &Router, token: &str, preset: &str) -> String {
+    let body = ok(app, "POST", "/_matrix/client/v3/createRoom", token, json!({ "preset": preset })).await;
+    body["room_id"].as_str().unwrap().to_owned()
+}
+
 async fn ok(app: &Router, method: &str, path: &str, token: &str, body: Value) -> Value {
     let (status, answer) = call(app, method, path, token, Some(body)).await;
     assert_eq!(status, 200, "{method} {path}: {answer}");
@@ -210,12 +216,7 @@ async fn an_invite_shows_when_its_sender_is_no_longer_ignored() {
         let ignore = format!("/_matrix/client/v3/user/{a}/account_data/m.ignored_user_list");
         ok(&app, "PUT", &ignore, alice, json!({ "ignored_users": { c: {} } })).await;
         let (_, first) = call(&app, "GET", "/_matrix/client/v3/sync", alice, None).await;
-        let room =
-            ok(&app, "POST", "/_matrix/client/v3/createRoom", carol, json!({ "preset": "private_chat" }))
-                .await["room_id"]
-                .as_str()
-                .unwrap()
-                .to_owned();
+        let room = create_room(&app, carol, "private_chat").await;
         ok(&app, "POST", &format!("/_matrix/client/v3/rooms/{room}/invite"), carol, json!({ "user_id": a }))
             .await;
         let poll = long_poll(&app, alice, first["next_batch"].as_str().unwrap(), 20_000);
@@ -224,6 +225,58 @@ async fn an_invite_shows_when_its_sender_is_no_longer_ignored() {
         let (status, body) = poll.await.unwrap();
         assert_eq!(status, 200, "{body}");
         assert!(body["rooms"]["invite"][&room].is_object(), "the invite shows: {body}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// A long-poll woken by typing alone (parked first, so the woken pass is the
+/// one answering) carries the counts as they stand: those of the room's last
+/// entry while nothing moved in the room, recounted once something did
+/// (here a message seen only through an initial sync, which keeps no entry).
+#[tokio::test]
+async fn a_typing_wake_answers_the_counts_as_they_stand() {
+    for fresh in backends().await {
+        let (state, app, s, dir) = server_with(&fresh.url, fresh.label, &["qtalice", "qtbob"]).await;
+        let (alice, bob) = (&s[0].access_token, &s[1].access_token);
+        let room = create_room(&app, alice, "public_chat").await;
+        ok(&app, "POST", &format!("/_matrix/client/v3/join/{room}"), bob, json!({})).await;
+        let (_, first) = call(&app, "GET", "/_matrix/client/v3/sync", alice, None).await;
+        let send = |txn: &str| format!("/_matrix/client/v3/rooms/{room}/send/m.room.message/{txn}");
+        let text = |body: &str| json!({ "msgtype": "m.text", "body": body });
+        ok(&app, "PUT", &send("q1"), bob, text("one")).await;
+        ok(&app, "PUT", &send("q2"), bob, text("two")).await;
+        let since = first["next_batch"].as_str().unwrap();
+        let (_, body) =
+            call(&app, "GET", &format!("/_matrix/client/v3/sync?since={since}"), alice, None).await;
+        let unread =
+            |body: &Value| body["rooms"]["join"][&room]["unread_notifications"]["notification_count"].clone();
+        assert_eq!(unread(&body), 2, "{body}");
+        let typing_path = format!("/_matrix/client/v3/rooms/{room}/typing/{}", s[1].user_id);
+        let typing_wake = async |since: &str, typing: bool| {
+            let poll = long_poll(&app, alice, since, 20_000);
+            until_waiting(&state, 1).await;
+            ok(&app, "PUT", &typing_path, bob, json!({ "typing": typing, "timeout": 30000 })).await;
+            let (status, body) = poll.await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            let joined = &body["rooms"]["join"][&room];
+            let users = if typing { json!([s[1].user_id]) } else { json!([]) };
+            assert_eq!(joined["ephemeral"]["events"][0]["content"]["user_ids"], users, "{body}");
+            assert_eq!(joined["timeline"]["events"], json!([]), "{body}");
+            body
+        };
+
+        // Nothing moved: the counts of the last entry.
+        let body = typing_wake(body["next_batch"].as_str().unwrap(), true).await;
+        assert_eq!(unread(&body), 2, "{body}");
+        let body = typing_wake(body["next_batch"].as_str().unwrap(), false).await;
+        assert_eq!(unread(&body), 2, "{body}");
+
+        // A message, then an initial sync past it: recounted.
+        ok(&app, "PUT", &send("q3"), bob, text("three")).await;
+        let (_, initial) = call(&app, "GET", "/_matrix/client/v3/sync", alice, None).await;
+        assert_eq!(unread(&initial), 3, "{initial}");
+        let body = typing_wake(initial["next_batch"].as_str().unwrap(), true).await;
+        assert_eq!(unread(&body), 3, "{body}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }
