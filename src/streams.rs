@@ -199,6 +199,24 @@ impl Streams {
         self.advanced.subscribe()
     }
 
+    /// Whether a state event of `room`, or a write the log cannot place,
+    /// landed in `(after, upto]` (a position every write at or below has
+    /// finished); `None` when the log no longer reaches back to `after`.
+    pub fn state_moved_between(&self, room: &str, after: i64, upto: i64) -> Option<bool> {
+        let p = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        if after < p.forgotten {
+            return None;
+        }
+        if upto <= after {
+            return Some(false);
+        }
+        Some(p.log.range(after + 1..=upto).any(|(_, change)| match change {
+            Change::Room { room: r, state, .. } => *state && r == room,
+            Change::Unknown => true,
+            _ => false,
+        }))
+    }
+
     /// What the writes after `after` up to `upto` (a position every write at
     /// or below has finished) changed for `user`; `None` when the log no
     /// longer reaches back to `after` or a write there is unknown.
@@ -375,6 +393,23 @@ mod tests {
         assert_eq!(*position.borrow_and_update(), 12);
         assert!(!streams.held_back(10), "everything finished is readable");
         assert!(!streams.held_back(12));
+    }
+
+    #[test]
+    fn a_rooms_state_moves_with_its_state_events_and_unknown_writes() {
+        let streams = Streams::starting_after(10);
+        let room = |room: &str, state: bool| Change::Room { room: room.into(), seq: 1, state, member: None };
+        for change in [room("!a:x", false), room("!b:x", true), Change::Receipt { room: "!a:x".into() }] {
+            streams.reserve().finish(change);
+        }
+        assert_eq!(streams.state_moved_between("!a:x", 10, 13), Some(false), "a message and a receipt");
+        assert_eq!(streams.state_moved_between("!b:x", 10, 13), Some(true));
+        assert_eq!(streams.state_moved_between("!b:x", 12, 13), Some(false), "before the window");
+        streams.reserve().finish(room("!a:x", true));
+        assert_eq!(streams.state_moved_between("!a:x", 13, 14), Some(true));
+        streams.reserve().finish(Change::Unknown);
+        assert_eq!(streams.state_moved_between("!c:x", 14, 15), Some(true), "a write the log cannot place");
+        assert_eq!(streams.state_moved_between("!c:x", 15, 15), Some(false));
     }
 
     #[test]

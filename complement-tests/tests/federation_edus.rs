@@ -206,7 +206,8 @@ fn typing_edu(room: &str, user: &str) -> Value {
 /// not: typing for alice (another server's user), typing in a room mallory
 /// is not in, a receipt for alice, presence for a user of a third server,
 /// garbage; the transaction itself is taken (200). Then the room's server
-/// ACL denies the fake, and its typing notice is dropped. A last
+/// ACL denies the fake, and its typing notice (a stop, after a start it was
+/// let in with) is dropped. A last
 /// rightful notice shows the ones before it were processed: alice sees
 /// exactly mallory typing, and no forged receipt or presence.
 async fn edus_a_server_may_not_send_change_nothing(backend: Backend) {
@@ -235,16 +236,23 @@ async fn edus_a_server_may_not_send_change_nothing(backend: Backend) {
     let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/bad-edus", Some(&body)).await;
     assert_eq!((status, &answer["pdus"]), (200, &json!({})), "{answer}");
 
-    // The ACL turns the fake away: its typing notice is dropped.
+    // The ACL turns the fake away: its typing notice is dropped, also
+    // right after one it was let in with (the room as that one found it is
+    // not the room now).
     // (Every server here is 127.0.0.1: an ACL matches names without ports.)
+    let let_in = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [typing_edu(&room, &mallory)] });
+    let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/let-in", Some(&let_in)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(typing_of(&initial_sync(&sa).await, &room), std::slice::from_ref(&mallory));
     let acl = json!({ "allow": ["*"], "deny": ["127.0.0.1"] });
     let (status, set) = sa.put(&room_path(&room, "/state/m.room.server_acl/"), acl).await;
     assert_eq!(status, 200, "{set}");
-    let denied = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [typing_edu(&room, &mallory)] });
+    let stop = json!({ "edu_type": "m.typing", "content": { "room_id": room, "user_id": mallory, "typing": false } });
+    let denied = json!({ "origin": fake.name, "origin_server_ts": now_ms(), "pdus": [], "edus": [stop] });
     let (status, answer) = fake.call(&seq, "PUT", "/_matrix/federation/v1/send/denied", Some(&denied)).await;
     assert_eq!(status, 200, "{answer}");
     let sync = initial_sync(&sa).await;
-    assert_eq!(typing_of(&sync, &room), Vec::<String>::new());
+    assert_eq!(typing_of(&sync, &room), std::slice::from_ref(&mallory), "the denied stop was taken");
     let (status, _) = sa.put(&room_path(&room, "/state/m.room.server_acl/"), json!({ "allow": ["*"] })).await;
     assert_eq!(status, 200);
 

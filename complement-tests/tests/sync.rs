@@ -30,6 +30,7 @@ backend_tests!(
     long_poll_wakes_on_a_message,
     long_poll_wakes_on_typing,
     a_typing_wake_carries_the_counts_as_they_stand,
+    typing_is_refused_once_the_typist_has_left,
     long_poll_wakes_on_a_receipt_and_private_receipts_stay_private,
     long_poll_wakes_on_account_data_and_tags,
     long_poll_of_a_non_member_is_not_woken,
@@ -977,6 +978,24 @@ async fn a_typing_wake_carries_the_counts_as_they_stand(backend: Backend) {
     assert_eq!(ids(timeline(room_in(&body, "join", &room))).last(), Some(&third), "{body}");
     let (_, joined) = typing_wake(&next_batch(&body), true).await;
     assert_eq!(joined["unread_notifications"], counts(1), "{joined}");
+}
+
+/// A typing notice right after one that was let in (the room opened for it
+/// is kept a while) is refused once its user has left: 403, and no one
+/// sees them typing.
+async fn typing_is_refused_once_the_typist_has_left(backend: Backend) {
+    let (server, alice, bob, room, _) = alice_and_bob_synced(&backend).await;
+    let typing_path = room_path(&room, &format!("/typing/{}", enc(&bob.user_id)));
+    put_ok(&server, &bob, &typing_path, json!({ "typing": true, "timeout": 30000 })).await;
+    put_ok(&server, &bob, &typing_path, json!({ "typing": false })).await;
+    leave(&server, &bob, &room).await;
+    let (status, body) =
+        server.put(&typing_path, Some(&bob.token), json!({ "typing": true, "timeout": 30000 })).await;
+    assert_eq!((status, body["errcode"].as_str()), (403, Some("M_FORBIDDEN")), "{body}");
+    let body = sync(&server, &alice, "").await;
+    let typing =
+        ephemeral(room_in(&body, "join", &room), "m.typing").map(|e| e["content"]["user_ids"].clone());
+    assert!(typing.is_none_or(|users| users == json!([])), "{body}");
 }
 
 async fn long_poll_wakes_on_a_receipt_and_private_receipts_stay_private(backend: Backend) {

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use ruma::events::room::power_levels::RoomPowerLevels;
 use tokio::sync::OnceCell;
@@ -21,6 +22,7 @@ use tokio::sync::OnceCell;
 use super::read::MembershipHistory;
 use super::visibility::HvLine;
 use crate::storage::memberships::Range;
+use crate::storage::rooms::RoomRow;
 
 /// Rooms kept before the whole map is dropped and refilled on demand.
 const MAX_ROOMS: usize = 10_000;
@@ -78,9 +80,27 @@ pub struct UserInputs {
 #[derive(Debug, Default)]
 pub struct ReadCache {
     rooms: Mutex<HashMap<String, Arc<RoomInputs>>>,
+    /// Rooms' rows as typing notices open them ([`super::read::open_for_typing`]),
+    /// each with the stream position it was read at and when.
+    rows: Mutex<HashMap<String, (i64, Instant, RoomRow)>>,
 }
 
 impl ReadCache {
+    /// A room's row kept by [`ReadCache::put_row`], with its position and
+    /// when it was read.
+    pub fn row(&self, room_id: &str) -> Option<(i64, Instant, RoomRow)> {
+        self.rows.lock().unwrap_or_else(PoisonError::into_inner).get(room_id).cloned()
+    }
+
+    /// Keeps a room's row read at stream position `at`.
+    pub fn put_row(&self, at: i64, row: RoomRow) {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        if rows.len() >= MAX_ROOMS {
+            rows.clear();
+        }
+        rows.insert(row.room_id.clone(), (at, Instant::now(), row));
+    }
+
     /// The room's inputs, if they were worked out at `epoch`.
     pub fn room(&self, room_id: &str, epoch: i64) -> Option<Arc<RoomInputs>> {
         let rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
