@@ -205,47 +205,36 @@ pub async fn next_transaction(
     limit: i64,
     edu_limit: i64,
 ) -> Result<Option<Outgoing>> {
-    let mut conn = db.pool.acquire().await?;
-    let begun: Option<String> = sqlx::query_scalar(
-        "SELECT txn_id FROM (SELECT txn_id, id FROM fed_outbox WHERE destination = $1 AND txn_id IS NOT NULL \
-           UNION ALL SELECT txn_id, id FROM fed_edu_outbox WHERE destination = $1 AND txn_id IS NOT NULL) b \
-         ORDER BY id LIMIT 1",
-    )
-    .bind(destination)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(txn_id) = begun {
-        let pdus: Vec<(String, String)> = sqlx::query_as(
-            "SELECT room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
-        )
-        .bind(destination)
-        .bind(&txn_id)
-        .fetch_all(&mut *conn)
-        .await?;
-        let edus: Vec<String> = sqlx::query_scalar(
-            "SELECT edu FROM fed_edu_outbox WHERE destination = $1 AND txn_id = $2 ORDER BY id",
-        )
-        .bind(destination)
-        .bind(&txn_id)
-        .fetch_all(&mut *conn)
-        .await?;
-        return Ok(Some(Outgoing { txn_id, pdus, edus, retry: true, rows: None }));
-    }
-    let pdu_rows: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT id, room_id, event_id FROM fed_outbox WHERE destination = $1 AND txn_id IS NULL \
-         ORDER BY id LIMIT $2 + 0",
+    // One statement (it sits between a commit and its delivery): every
+    // begun row, then the first unmarked ones of each table.
+    let rows: Vec<QueueRow> = sqlx::query_as(
+        "SELECT CAST(0 AS BIGINT), id, txn_id, room_id, event_id, NULL FROM fed_outbox \
+               WHERE destination = $1 AND txn_id IS NOT NULL \
+             UNION ALL SELECT CAST(1 AS BIGINT), id, txn_id, NULL, NULL, edu FROM fed_edu_outbox \
+               WHERE destination = $1 AND txn_id IS NOT NULL \
+             UNION ALL SELECT * FROM (SELECT CAST(0 AS BIGINT), id, CAST(NULL AS TEXT), room_id, event_id, \
+               CAST(NULL AS TEXT) FROM fed_outbox \
+               WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0) AS p \
+             UNION ALL SELECT * FROM (SELECT CAST(1 AS BIGINT), id, CAST(NULL AS TEXT), CAST(NULL AS TEXT), \
+               CAST(NULL AS TEXT), edu FROM fed_edu_outbox \
+               WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $3 + 0) AS e",
     )
     .bind(destination)
     .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
-    let edu_rows: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT id, edu FROM fed_edu_outbox WHERE destination = $1 AND txn_id IS NULL ORDER BY id LIMIT $2 + 0",
-    )
-    .bind(destination)
     .bind(edu_limit)
-    .fetch_all(&mut *conn)
+    .fetch_all(&mut db.reader())
     .await?;
+    let (mut begun, fresh): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.2.is_some());
+    // The transaction begun first (its lowest row), exactly as it was.
+    if let Some(txn_id) = begun.iter().min_by_key(|r| r.1).and_then(|r| r.2.clone()) {
+        begun.retain(|r| r.2.as_deref() == Some(txn_id.as_str()));
+        begun.sort_by_key(|r| r.1);
+        let (pdus, edus) = split(begun);
+        let pdus = pdus.into_iter().map(|(_, room, event)| (room, event)).collect();
+        let edus = edus.into_iter().map(|(_, edu)| edu).collect();
+        return Ok(Some(Outgoing { txn_id, pdus, edus, retry: true, rows: None }));
+    }
+    let (pdu_rows, edu_rows) = split(fresh);
     if pdu_rows.is_empty() && edu_rows.is_empty() {
         return Ok(None);
     }
@@ -260,6 +249,28 @@ pub async fn next_transaction(
         retry: false,
         rows: Some(rows),
     }))
+}
+
+/// A row of [`next_transaction`]'s statement: its table (0 events, 1
+/// EDUs), id, txn id when begun, and the event's room and id or the EDU.
+type QueueRow = (i64, i64, Option<String>, Option<String>, Option<String>, Option<String>);
+
+/// Queue rows of [`next_transaction`]'s statement, apart: events
+/// `(id, room, event)` and EDUs `(id, edu)`, each in id order.
+#[allow(clippy::type_complexity)]
+fn split(rows: Vec<QueueRow>) -> (Vec<(i64, String, String)>, Vec<(i64, String)>) {
+    let mut pdus = Vec::new();
+    let mut edus = Vec::new();
+    for (table, id, _, room, event, edu) in rows {
+        if table == 0 {
+            pdus.push((id, room.unwrap_or_default(), event.unwrap_or_default()));
+        } else {
+            edus.push((id, edu.unwrap_or_default()));
+        }
+    }
+    pdus.sort_by_key(|r| r.0);
+    edus.sort_by_key(|r| r.0);
+    (pdus, edus)
 }
 
 /// The destination took a new transaction of `rows`: they go (an EDU

@@ -1191,3 +1191,57 @@ fn plan_queries(room: &str, mid: i64) -> Vec<(&'static str, String)> {
         ),
     ]
 }
+
+/// The outgoing queue read in one statement: the first rows of each table
+/// under the id of those rows; once an attempt failed (rows marked as
+/// begun), exactly those again, nothing added; then what came after.
+#[tokio::test]
+async fn the_queue_gives_a_begun_transaction_again_as_it_was() {
+    use super::federation::{enqueue, enqueue_edu, next_transaction, rows_begun, transaction_sent};
+    for fresh in backends().await {
+        let db = fresh.connect().await;
+        let to = vec!["b.example".to_owned()];
+        let mut tx = db.begin_write().await.unwrap();
+        for event in ["$1", "$2", "$3"] {
+            enqueue(tx.conn(), &to, "!r:a", event).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        enqueue_edu(&db, &to, "k1", "{\"edu\":1}").await.unwrap();
+        assert_eq!(next_transaction(&db, "c.example", 2, 5).await.unwrap(), None, "{}", fresh.label);
+
+        let first = next_transaction(&db, "b.example", 2, 5).await.unwrap().unwrap();
+        let events =
+            |o: &super::federation::Outgoing| o.pdus.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            (events(&first), first.edus.clone(), first.retry),
+            (vec!["$1".into(), "$2".into()], vec!["{\"edu\":1}".into()], false)
+        );
+        let rows = first.rows.clone().unwrap();
+        assert_eq!(
+            next_transaction(&db, "b.example", 2, 5).await.unwrap(),
+            Some(first.clone()),
+            "read, not taken"
+        );
+
+        // The attempt failed; more is queued meanwhile: the retry carries what it carried.
+        rows_begun(&db, "b.example", &first.txn_id, &rows).await.unwrap();
+        enqueue_edu(&db, &to, "k2", "{\"edu\":2}").await.unwrap();
+        let again = next_transaction(&db, "b.example", 2, 5).await.unwrap().unwrap();
+        assert_eq!(
+            (again.txn_id.clone(), events(&again), again.edus.clone(), again.retry),
+            (first.txn_id.clone(), events(&first), first.edus.clone(), true),
+            "{}",
+            fresh.label
+        );
+
+        transaction_sent(&db, "b.example", &first.txn_id).await.unwrap();
+        let next = next_transaction(&db, "b.example", 2, 5).await.unwrap().unwrap();
+        assert_eq!(
+            (events(&next), next.edus.clone(), next.retry),
+            (vec!["$3".into()], vec!["{\"edu\":2}".into()], false)
+        );
+        assert_ne!(next.txn_id, first.txn_id);
+        db.close().await;
+        fresh.finish().await;
+    }
+}
