@@ -279,7 +279,7 @@ fn user_of(origin: &ServerName, user: &Value) -> Result<OwnedUserId> {
 enum Opening {
     /// Its row as it stands.
     Now,
-    /// For a typing notice ([`read::open_for_typing`]).
+    /// For a typing notice ([`read::open_kept`]).
     ForTyping,
 }
 
@@ -294,7 +294,7 @@ async fn room_of(
     let room_id = RoomId::parse(room).map_err(|_| Error::BadJson("The EDU names no valid room".into()))?;
     let view = match opening {
         Opening::Now => read::open(state, &room_id).await?,
-        Opening::ForTyping => read::open_for_typing(state, &room_id).await?,
+        Opening::ForTyping => read::open_kept(state, &room_id).await?,
     };
     super::acl::check_in(state, &view, origin).await?;
     Ok((room_id, view))

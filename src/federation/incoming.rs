@@ -211,7 +211,8 @@ async fn receive_pdu(
     let Some(room_id) = room_of(raw) else {
         return (None, Err(Error::BadJson("The event names no room".into())));
     };
-    let room = match rooms::get(&state.db, room_id.as_str()).await {
+    // For its version alone (which never changes): a kept row will do.
+    let room = match crate::room::read::kept_row(state, &room_id).await {
         Ok(Some(room)) => room,
         // The host's answer to an invite or knock of one of our users, maybe.
         Ok(None) => return super::invites::membership_outside(state, &room_id, raw).await,

@@ -80,7 +80,7 @@ pub struct UserInputs {
 #[derive(Debug, Default)]
 pub struct ReadCache {
     rooms: Mutex<HashMap<String, Arc<RoomInputs>>>,
-    /// Rooms' rows as typing notices open them ([`super::read::open_for_typing`]),
+    /// Rooms' rows kept between calls ([`super::read::kept_row`]),
     /// each with the stream position it was read at and when.
     rows: Mutex<HashMap<String, (i64, Instant, RoomRow)>>,
 }

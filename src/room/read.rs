@@ -42,26 +42,32 @@ pub async fn open(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
     view_of(rooms::get(&state.db, room_id.as_str()).await?.ok_or_else(not_a_member)?)
 }
 
-/// How long [`open_for_typing`] uses a row it kept, at most.
-const TYPING_ROW_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long [`kept_row`] uses a row it kept, at most.
+const KEPT_ROW_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Opens a room for a typing notice, ours or another server's: the row kept
-/// from an earlier notice while the stream log shows no state event in the
-/// room since (and for 5 seconds at most). What such a notice checks, that
-/// the user is joined and the server let in by the room's ACL, moves only
-/// with state events; the row's head (last seq, extremities) may be older.
-pub async fn open_for_typing(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
+/// Opens a room for what moves only with state events (membership, the
+/// server ACL, the room version): a typing notice, ours or another
+/// server's, and another server's event's version. See [`kept_row`].
+pub async fn open_kept(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
+    view_of(kept_row(state, room_id).await?.ok_or_else(not_a_member)?)
+}
+
+/// A room's row (`None`: we do not have the room), kept from an earlier
+/// call while the stream log shows no state event in the room since (and
+/// for 5 seconds at most): the row's head (last seq, extremities) may be
+/// older than the room's.
+pub async fn kept_row(state: &AppState, room_id: &RoomId) -> Result<Option<RoomRow>> {
     let now = state.streams.position();
     if let Some((at, read, row)) = state.read_cache.row(room_id.as_str())
-        && read.elapsed() < TYPING_ROW_FOR
+        && read.elapsed() < KEPT_ROW_FOR
         && state.streams.state_moved_between(room_id.as_str(), at, now) == Some(false)
     {
-        return view_of(row);
+        return Ok(Some(row));
     }
     // The position before the row: the row is at least as new.
-    let row = rooms::get(&state.db, room_id.as_str()).await?.ok_or_else(not_a_member)?;
+    let Some(row) = rooms::get(&state.db, room_id.as_str()).await? else { return Ok(None) };
     state.read_cache.put_row(now, row.clone());
-    view_of(row)
+    Ok(Some(row))
 }
 
 /// A room opened from its row (read with others, say).

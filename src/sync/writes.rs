@@ -103,13 +103,13 @@ pub async fn set_typing(
     room_id: &RoomId,
     timeout: Option<Duration>,
 ) -> Result<()> {
-    let view = read::open_for_typing(state, room_id).await?;
+    let view = read::open_kept(state, room_id).await?;
     set_typing_in(state, &view, user, timeout).await
 }
 
 /// [`set_typing`] in an open room. Nothing on this path writes to the
 /// database or reads more than the room's row (kept between notices, see
-/// [`read::open_for_typing`]): whether the user is joined and which servers
+/// [`read::open_kept`]): whether the user is joined and which servers
 /// are in the room come from the read cache.
 pub async fn set_typing_in(
     state: &AppState,
