@@ -152,6 +152,10 @@ pub struct Sender {
     running: Mutex<HashMap<OwnedServerName, bool>>,
     ephemeral: Mutex<HashMap<OwnedServerName, EphemeralQueue>>,
     clear: Mutex<Clear>,
+    /// Destinations with no failure recorded, as far as this process knows
+    /// (it records theirs itself): a durable wake-up reads their queue
+    /// without first reading their state.
+    healthy: Mutex<HashSet<OwnedServerName>>,
     /// The start of the ids of transactions of ephemeral EDUs alone: `t`,
     /// the process's start (ms) and id, so that no restart reuses one and
     /// none is a durable id (a row id, or `e` and one).
@@ -166,6 +170,7 @@ impl Default for Sender {
             running: Mutex::default(),
             ephemeral: Mutex::default(),
             clear: Mutex::default(),
+            healthy: Mutex::default(),
             txn_prefix: format!("t{}p{}n", storage::now_ms(), std::process::id()),
             txn_count: AtomicU64::new(0),
         }
@@ -283,6 +288,25 @@ impl Sender {
         clear.destinations.insert(destination.clone());
     }
 
+    /// Whether `destination` has no failure recorded, as far as known.
+    fn is_healthy(&self, destination: &OwnedServerName) -> bool {
+        self.healthy.lock().unwrap_or_else(|e| e.into_inner()).contains(destination)
+    }
+
+    /// Records whether `destination` has a failure recorded (`false`) or
+    /// none (`true`).
+    fn set_healthy(&self, destination: &OwnedServerName, healthy: bool) {
+        let mut known = self.healthy.lock().unwrap_or_else(|e| e.into_inner());
+        if !healthy {
+            known.remove(destination);
+            return;
+        }
+        if known.len() >= MAX_CLEAR {
+            known.clear();
+        }
+        known.insert(destination.clone());
+    }
+
     /// Something durable was queued for `destination`, or a failure was
     /// recorded: the database must be read again.
     fn not_clear(&self, destination: &OwnedServerName) {
@@ -384,11 +408,15 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
     };
     let known = match sender.is_clear(destination) {
         Ok(()) => store::DestinationState { retry_at: None, queued: false },
+        // Woken for something durable, with no failure known: the queue's
+        // read below says what there is.
+        Err(_) if sender.is_healthy(destination) => store::DestinationState { retry_at: None, queued: true },
         Err(wakes) => match store::destination_state(&state.db, destination.as_str()).await {
             Ok(known) => {
                 if known == (store::DestinationState { retry_at: None, queued: false }) {
                     sender.mark_clear(destination, wakes);
                 }
+                sender.set_healthy(destination, known.retry_at.is_none());
                 known
             }
             Err(e) => {
@@ -481,12 +509,14 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
                 failed(&e);
                 return Err(now + FIRST_BACKOFF_MS);
             }
+            sender.set_healthy(destination, true);
             Ok(true)
         }
         Err(e) => {
             failed(&e);
             sender.put_back_ephemeral(destination, ephemeral);
             sender.not_clear(destination);
+            sender.set_healthy(destination, false);
             // The destination may have taken it all the same: what it
             // carried of the queue goes again under its id, nothing added.
             if let (Some(txn_id), Some(rows)) = (&durable_id, &rows)
