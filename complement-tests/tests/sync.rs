@@ -982,16 +982,30 @@ async fn a_typing_wake_carries_the_counts_as_they_stand(backend: Backend) {
 
 /// A typing notice right after one that was let in (the room opened for it
 /// is kept a while) is refused once its user has left: 403, and no one
-/// sees them typing.
+/// sees them typing; nor anyone typing for another user, in a room they
+/// are not in or that does not exist, or with a malformed body.
 async fn typing_is_refused_once_the_typist_has_left(backend: Backend) {
     let (server, alice, bob, room, _) = alice_and_bob_synced(&backend).await;
     let typing_path = room_path(&room, &format!("/typing/{}", enc(&bob.user_id)));
     put_ok(&server, &bob, &typing_path, json!({ "typing": true, "timeout": 30000 })).await;
     put_ok(&server, &bob, &typing_path, json!({ "typing": false })).await;
     leave(&server, &bob, &room).await;
-    let (status, body) =
-        server.put(&typing_path, Some(&bob.token), json!({ "typing": true, "timeout": 30000 })).await;
-    assert_eq!((status, body["errcode"].as_str()), (403, Some("M_FORBIDDEN")), "{body}");
+    let start = json!({ "typing": true, "timeout": 30000 });
+    let refused = async |path: &str, user: &User, body: Value, status: u16, errcode: &str| {
+        let answer = server.put(path, Some(&user.token), body).await;
+        assert_error(&answer, status, errcode, path);
+    };
+    refused(&typing_path, &bob, start.clone(), 403, "M_FORBIDDEN").await;
+    // Hostile: for another user, in a room never joined or not there, a
+    // body that is no typing notice; none shows anyone typing.
+    let as_alice = room_path(&room, &format!("/typing/{}", enc(&alice.user_id)));
+    refused(&as_alice, &bob, start.clone(), 403, "M_FORBIDDEN").await;
+    let carol = server.register("carol", "pw").await;
+    let carols = room_path(&room, &format!("/typing/{}", enc(&carol.user_id)));
+    refused(&carols, &carol, start.clone(), 403, "M_FORBIDDEN").await;
+    let nowhere = room_path("!nowhere:localhost", &format!("/typing/{}", enc(&carol.user_id)));
+    refused(&nowhere, &carol, start.clone(), 403, "M_FORBIDDEN").await;
+    refused(&as_alice, &alice, json!({ "typing": "yes" }), 400, "M_BAD_JSON").await;
     let body = sync(&server, &alice, "").await;
     let typing =
         ephemeral(room_in(&body, "join", &room), "m.typing").map(|e| e["content"]["user_ids"].clone());

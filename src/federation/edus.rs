@@ -274,36 +274,20 @@ fn user_of(origin: &ServerName, user: &Value) -> Result<OwnedUserId> {
     Ok(user)
 }
 
-/// How [`room_of`] opens a room.
-#[derive(Clone, Copy)]
-enum Opening {
-    /// Its row as it stands.
-    Now,
-    /// For a typing notice ([`read::open_kept`]).
-    ForTyping,
-}
-
 /// `room` (a string from the EDU) as a room `origin` may speak in, opened:
-/// we have it and its server ACL lets `origin` in.
-async fn room_of(
-    state: &AppState,
-    origin: &ServerName,
-    room: &str,
-    opening: Opening,
-) -> Result<(OwnedRoomId, read::RoomView)> {
+/// we have it and its server ACL lets `origin` in. What an EDU's room is
+/// checked for moves only with state events: a kept row will do
+/// ([`read::open_kept`]).
+async fn room_of(state: &AppState, origin: &ServerName, room: &str) -> Result<(OwnedRoomId, read::RoomView)> {
     let room_id = RoomId::parse(room).map_err(|_| Error::BadJson("The EDU names no valid room".into()))?;
-    let view = match opening {
-        Opening::Now => read::open(state, &room_id).await?,
-        Opening::ForTyping => read::open_kept(state, &room_id).await?,
-    };
+    let view = read::open_kept(state, &room_id).await?;
     super::acl::check_in(state, &view, origin).await?;
     Ok((room_id, view))
 }
 
 async fn typing(state: &AppState, origin: &ServerName, content: &Value) -> Result<()> {
     let user = user_of(origin, &content["user_id"])?;
-    let room = content["room_id"].as_str().unwrap_or_default();
-    let (_, view) = room_of(state, origin, room, Opening::ForTyping).await?;
+    let (_, view) = room_of(state, origin, content["room_id"].as_str().unwrap_or_default()).await?;
     let typing = content["typing"].as_bool().unwrap_or(false);
     crate::sync::writes::set_typing_in(state, &view, &user, typing.then_some(REMOTE_TYPING)).await
 }
@@ -313,7 +297,7 @@ async fn receipts(state: &AppState, origin: &ServerName, content: &Value) -> Res
         return Err(Error::BadJson("Receipts come as an object of rooms".into()));
     };
     for (room, types) in rooms {
-        let room_id = match room_of(state, origin, room, Opening::Now).await {
+        let room_id = match room_of(state, origin, room).await {
             Ok((room_id, _)) => room_id,
             Err(e) => {
                 tracing::info!(%origin, %room, "dropped receipts: {e}");

@@ -72,6 +72,16 @@ struct Verdict {
     bound: std::collections::HashSet<String>,
 }
 
+/// Who counts, where, and with what: what every step of a count takes.
+struct Reader<'a> {
+    state: &'a AppState,
+    view: &'a RoomView,
+    access: &'a Access,
+    me: &'a Requester,
+    rules: &'a Arc<Ruleset>,
+    marks: &'a ReadMarks,
+}
+
 /// `unread_notifications` (and per thread, `unread_thread_notifications`)
 /// for one room: notifying events from others in the user's current stay not
 /// covered by their read marks, up to seq `upto`.
@@ -94,42 +104,32 @@ pub async fn counts(
     }
     let floor = floor(state, room_id).await?;
     let tallied_from = after.max(floor);
+    let reader = Reader { state, view, access, me, rules, marks: &marks };
     if upto > tallied_from && follows_defaults(state, rules, &me.user_id, room_id) {
         let spans = history::readable_spans(access, Dir::Backward, upto, Some(tallied_from));
         if whole(&spans, tallied_from, upto) {
             let masks = name_masks(state, view, &me.user_id).await?;
-            let mut acc =
-                tallied(state, view, access, me, rules, &marks, (tallied_from, upto), masks).await?;
+            let mut acc = tallied(&reader, (tallied_from, upto), masks).await?;
             if after < floor {
                 // Kept between requests: it changes only with the marks.
-                let below = floor.min(upto);
-                acc.add_counts(&evaluated(state, view, access, me, rules, marks, after, below).await?);
+                acc.add_counts(&evaluated(&reader, (after, floor.min(upto))).await?);
             }
             tracing::debug!(room_id, after, upto, "unread counts from the totals");
             return Ok(acc.into_counts());
         }
     }
     tracing::debug!(room_id, after, upto, "unread counts event by event");
-    evaluated(state, view, access, me, rules, marks, after, upto).await
+    evaluated(&reader, (after, upto)).await
 }
 
 /// [`from_totals`] over `(after, upto]`, extending the reader's counts of
 /// an earlier request by what came since when nothing else moved: the same
 /// marks (none past the earlier top), window bottom and names, and no
 /// redaction since. A woken sync so reads only the new stretch.
-#[allow(clippy::too_many_arguments)]
-async fn tallied(
-    state: &AppState,
-    view: &RoomView,
-    access: &Access,
-    me: &Requester,
-    rules: &Arc<Ruleset>,
-    marks: &ReadMarks,
-    (after, upto): (i64, i64),
-    masks: (i64, i64),
-) -> Result<Acc> {
-    let key = (me.user_id.to_string(), view.room.room_id.clone());
-    let earlier = state.counts.tallied.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+async fn tallied(r: &Reader<'_>, (after, upto): (i64, i64), masks: (i64, i64)) -> Result<Acc> {
+    let marks = r.marks;
+    let key = (r.me.user_id.to_string(), r.view.room.room_id.clone());
+    let earlier = r.state.counts.tallied.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
     let mut acc = Acc::default();
     let extended = match earlier {
         Some(c)
@@ -140,16 +140,16 @@ async fn tallied(
                 && marks.threads.values().all(|&m| m <= c.upto) =>
         {
             acc = c.acc;
-            from_totals(state, view, access, me, rules, marks, (c.upto, upto), masks, &mut acc).await?.not()
+            from_totals(r, (c.upto, upto), masks, &mut acc).await?.not()
         }
         _ => false,
     };
     if !extended {
         acc = Acc::default();
-        from_totals(state, view, access, me, rules, marks, (after, upto), masks, &mut acc).await?;
+        from_totals(r, (after, upto), masks, &mut acc).await?;
     }
     let entry = Tallied { marks: marks.clone(), after, upto, masks, acc: acc.clone() };
-    remember(&state.counts.tallied, key, entry);
+    remember(&r.state.counts.tallied, key, entry);
     Ok(acc)
 }
 
@@ -221,20 +221,15 @@ fn thread_after(marks: &ReadMarks, thread: &str, after: i64) -> i64 {
 /// whose rules follow the defaults there and whose names have the signature
 /// masks `masks`; answers whether a redaction lies in the window (counts
 /// taken before it may have moved).
-#[allow(clippy::too_many_arguments)]
 async fn from_totals(
-    state: &AppState,
-    view: &RoomView,
-    access: &Access,
-    me: &Requester,
-    rules: &Arc<Ruleset>,
-    marks: &ReadMarks,
+    r: &Reader<'_>,
     (after, upto): (i64, i64),
     masks: (i64, i64),
     acc: &mut Acc,
 ) -> Result<bool> {
-    let room_id = view.room.room_id.as_str();
-    let window = tally::window(&state.db, room_id, me.user_id.as_str(), (after, upto), masks).await?;
+    let (state, marks) = (r.state, r.marks);
+    let room_id = r.view.room.room_id.as_str();
+    let window = tally::window(&state.db, room_id, r.me.user_id.as_str(), (after, upto), masks).await?;
     for totals in window.threads {
         let from = thread_after(marks, &totals.thread, after);
         if from >= upto {
@@ -280,7 +275,7 @@ async fn from_totals(
     for stored in events::at_seqs(&state.db, room_id, &recheck).await? {
         let seq = stored.seq;
         let loaded = read::load(state, stored).await?;
-        let outcome = evaluate(state, view, access, me, rules, &mut evaluator, &loaded).await?;
+        let outcome = evaluate(r, &mut evaluator, &loaded).await?;
         let thread = crate::room::relations::thread_of(&loaded).unwrap_or_default();
         if outcome.notify && in_window(&thread, seq) {
             acc.add(&thread, 1, i64::from(outcome.highlight));
@@ -300,55 +295,40 @@ async fn name_masks(state: &AppState, view: &RoomView, user: &UserId) -> Result<
 }
 
 /// What `rules` say of one loaded event, building the evaluator on first use.
-async fn evaluate(
-    state: &AppState,
-    view: &RoomView,
-    access: &Access,
-    me: &Requester,
-    rules: &Arc<Ruleset>,
-    evaluator: &mut Option<Evaluator>,
-    loaded: &Loaded,
-) -> Result<Outcome> {
+async fn evaluate(r: &Reader<'_>, evaluator: &mut Option<Evaluator>, loaded: &Loaded) -> Result<Outcome> {
     let evaluator = match evaluator {
         Some(e) => e,
-        None => evaluator.insert(Evaluator::with_rules(state, view, &me.user_id, rules.clone()).await?),
+        None => {
+            evaluator.insert(Evaluator::with_rules(r.state, r.view, &r.me.user_id, r.rules.clone()).await?)
+        }
     };
-    let event = read::format(view, loaded, me, &access.history);
+    let event = read::format(r.view, loaded, r.me, &r.access.history);
     Ok(evaluator.evaluate(&event).await)
 }
 
 /// Counts a reader's unread window event by event: the cache of their last
 /// answer is extended when only new events came since.
-#[allow(clippy::too_many_arguments)]
-async fn evaluated(
-    state: &AppState,
-    view: &RoomView,
-    access: &Access,
-    me: &Requester,
-    rules: &Arc<Ruleset>,
-    marks: ReadMarks,
-    after: i64,
-    upto: i64,
-) -> Result<Counts> {
-    let key = (me.user_id.to_string(), view.room.room_id.clone());
-    let cached = state.counts.evaluated.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
-    let same = |c: &Cached| c.marks == marks && c.after == after && same_rules(&c.rules, rules);
+async fn evaluated(r: &Reader<'_>, (after, upto): (i64, i64)) -> Result<Counts> {
+    let key = (r.me.user_id.to_string(), r.view.room.room_id.clone());
+    let cached = r.state.counts.evaluated.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+    let same = |c: &Cached| c.marks == *r.marks && c.after == after && same_rules(&c.rules, r.rules);
     let counts = match cached {
         Some(c) if same(&c) && c.upto == upto => c.counts,
         Some(c) if same(&c) && c.upto < upto => {
             let mut acc = Acc::default();
             acc.add_counts(&c.counts);
-            by_events(state, view, access, me, rules, &marks, c.upto, upto, &mut acc).await?;
+            by_events(r, (c.upto, upto), &mut acc).await?;
             acc.into_counts()
         }
         _ => {
             let mut acc = Acc::default();
-            by_events(state, view, access, me, rules, &marks, after, upto, &mut acc).await?;
+            by_events(r, (after, upto), &mut acc).await?;
             acc.into_counts()
         }
     };
-    let entry = Cached { rules: rules.clone(), marks, after, upto, counts: counts.clone() };
-    remember(&state.counts.evaluated, key, entry);
+    let entry =
+        Cached { rules: r.rules.clone(), marks: r.marks.clone(), after, upto, counts: counts.clone() };
+    remember(&r.state.counts.evaluated, key, entry);
     Ok(counts)
 }
 
@@ -368,22 +348,11 @@ impl Acc {
 
 /// Adds the unread notifying events of `(after, upto]` the reader may read,
 /// each evaluated ([`super::each_evaluated`], no limit).
-#[allow(clippy::too_many_arguments)]
-async fn by_events(
-    state: &AppState,
-    view: &RoomView,
-    access: &Access,
-    me: &Requester,
-    rules: &Arc<Ruleset>,
-    marks: &ReadMarks,
-    after: i64,
-    upto: i64,
-    acc: &mut Acc,
-) -> Result<()> {
+async fn by_events(r: &Reader<'_>, (after, upto): (i64, i64), acc: &mut Acc) -> Result<()> {
     let window = (after, upto, usize::MAX);
-    super::each_evaluated(state, view, access, me, rules, window, &mut |loaded, outcome| {
+    super::each_evaluated(r.state, r.view, r.access, r.me, r.rules, window, &mut |loaded, outcome| {
         let thread = crate::room::relations::thread_of(&loaded);
-        if outcome.notify && !marks.is_read(loaded.stored.seq, thread.as_deref()) {
+        if outcome.notify && !r.marks.is_read(loaded.stored.seq, thread.as_deref()) {
             acc.add(thread.as_deref().unwrap_or(""), 1, i64::from(outcome.highlight));
         }
     })

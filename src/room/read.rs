@@ -46,8 +46,8 @@ pub async fn open(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
 const KEPT_ROW_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Opens a room for what moves only with state events (membership, the
-/// server ACL, the room version): a typing notice, ours or another
-/// server's, and another server's event's version. See [`kept_row`].
+/// server ACL, the room version): a typing notice of ours, another server's
+/// EDUs, another server's event's version. See [`kept_row`].
 pub async fn open_kept(state: &AppState, room_id: &RoomId) -> Result<RoomView> {
     view_of(kept_row(state, room_id).await?.ok_or_else(not_a_member)?)
 }

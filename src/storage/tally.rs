@@ -35,13 +35,25 @@ pub struct NewRow {
 /// A thread's `(notify, highlight)` totals through its newest row (0, 0
 /// for a thread with none), read on the writer's connection.
 pub async fn thread_totals(conn: &mut AnyConnection, room_id: &str, thread: &str) -> Result<(i64, i64)> {
+    totals_through(conn, room_id, thread, i64::MAX).await
+}
+
+/// A thread's `(notify, highlight)` totals through seq `at` (its newest row
+/// at or below it; 0, 0 for none).
+async fn totals_through<'c, E: sqlx::Executor<'c, Database = sqlx::Any>>(
+    executor: E,
+    room_id: &str,
+    thread: &str,
+    at: i64,
+) -> Result<(i64, i64)> {
     let row: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT notify_n, highlight_n FROM push_tally WHERE room_id = $1 AND thread = $2 \
+        "SELECT notify_n, highlight_n FROM push_tally WHERE room_id = $1 AND thread = $2 AND seq <= $3 \
          ORDER BY seq DESC LIMIT 1",
     )
     .bind(room_id)
     .bind(thread)
-    .fetch_optional(&mut *conn)
+    .bind(at)
+    .fetch_optional(executor)
     .await?;
     Ok(row.unwrap_or((0, 0)))
 }
@@ -243,20 +255,15 @@ pub struct Window {
 /// naming the reader are found from `push_mentions` (`CROSS JOIN` keeps
 /// SQLite from walking every row of the window in `push_tally` instead).
 pub(in crate::storage) fn window_sql() -> String {
-    let at = |column: &str, bound: &str| {
+    // A thread's running total `column` through seq `bound`.
+    let at = |room: &str, thread: &str, column: &str, bound: &str| {
         format!(
-            "COALESCE((SELECT p.{column} FROM push_tally p WHERE p.room_id = t.room_id \
-               AND p.thread = t.thread AND p.seq <= {bound} ORDER BY p.seq DESC LIMIT 1), 0)"
+            "COALESCE((SELECT q.{column} FROM push_tally q WHERE q.room_id = {room} \
+               AND q.thread = {thread} AND q.seq <= {bound} ORDER BY q.seq DESC LIMIT 1), 0)"
         )
     };
     let range = "p.room_id = $1 AND p.seq > $2 AND p.seq <= $3";
     // The main timeline: its newest row up to the top, when in the window.
-    let main_below = |column: &str| {
-        format!(
-            "COALESCE((SELECT q.{column} FROM push_tally q WHERE q.room_id = $1 AND q.thread = '' \
-               AND q.seq <= $2 ORDER BY q.seq DESC LIMIT 1), 0)"
-        )
-    };
     format!(
         "SELECT 0, p.seq, '', {}, {}, p.notify_n, p.highlight_n FROM push_tally p \
          WHERE p.room_id = $1 AND p.thread = '' AND p.seq > $2 AND p.seq = (SELECT MAX(q.seq) FROM push_tally q \
@@ -279,25 +286,16 @@ pub(in crate::storage) fn window_sql() -> String {
            WHERE p.room_id = m.room_id AND p.seq = m.seq \
              AND m.room_id = $1 AND m.user_id = $4 AND m.seq > $2 AND m.seq <= $3 \
              AND p.recheck = 0 AND p.sender <> $4",
-        main_below("notify_n"),
-        main_below("highlight_n"),
-        at("notify_n", "$2"),
-        at("highlight_n", "$2"),
-        at("notify_n", "$3"),
-        at("highlight_n", "$3"),
+        at("$1", "''", "notify_n", "$2"),
+        at("$1", "''", "highlight_n", "$2"),
+        at("t.room_id", "t.thread", "notify_n", "$2"),
+        at("t.room_id", "t.thread", "highlight_n", "$2"),
+        at("t.room_id", "t.thread", "notify_n", "$3"),
+        at("t.room_id", "t.thread", "highlight_n", "$3"),
     )
 }
 
 /// One thread's `(notify, highlight)` totals through seq `at`.
 pub async fn totals_at(db: &Db, room_id: &str, thread: &str, at: i64) -> Result<(i64, i64)> {
-    let row: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT notify_n, highlight_n FROM push_tally WHERE room_id = $1 AND thread = $2 AND seq <= $3 \
-         ORDER BY seq DESC LIMIT 1",
-    )
-    .bind(room_id)
-    .bind(thread)
-    .bind(at)
-    .fetch_optional(&mut db.reader())
-    .await?;
-    Ok(row.unwrap_or((0, 0)))
+    totals_through(&mut db.reader(), room_id, thread, at).await
 }

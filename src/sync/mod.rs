@@ -415,7 +415,8 @@ async fn build(
         let state_key = req.state_after.unwrap_or("state");
         let by_thread = req.filter.unread_thread_notifications;
         ids.retain(|&room| {
-            if r.moved.rooms.contains_key(room) || room_data.iter().any(|(r, _, _)| r == room) {
+            if r.moved.rooms.contains_key(room) || room_data.iter().any(|(data_room, _, _)| data_room == room)
+            {
                 return true;
             }
             let Some(users) = state.typing.changed_since(room, Some(since.typing), now.typing) else {
