@@ -29,6 +29,7 @@ backend_tests!(
     remote_invites_and_joins_are_checked,
     a_partial_join_completes,
     server_acls_are_enforced,
+    a_server_whose_users_all_left_may_not_send,
     v2_event_ids_must_be_signed_by_the_server_they_name,
     erased_users_events_go_to_other_servers_redacted,
     a_remote_depth_cannot_break_local_writes,
@@ -715,6 +716,64 @@ async fn server_acls_are_enforced(backend: Backend) {
     assert_error(&answer, 403, "M_FORBIDDEN", "an invite from a server the ACL denies");
     let synced = complement_tests::api::sync_once(&a.server, &carol, None).await;
     assert!(synced["rooms"]["invite"].get(&room).is_none(), "{synced}");
+}
+
+/// Another server may send into a room only while one of its users is
+/// joined (its own users' member events aside): a message sent after its
+/// last user's leave is refused at the door, whatever the room as kept
+/// since the message before it says.
+async fn a_server_whose_users_all_left_may_not_send(backend: Backend) {
+    let (a, b) = tokio::join!(FedServer::start(&backend), FedServer::start(&backend));
+    let acting = Acting::new(&a, &b);
+    let alice = a.server.register("alice", "pw").await;
+    let bob = b.user_id("bob");
+    let room = create_room(&a.server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (join_id, join, answer) = acting.join(&room, &bob).await;
+    let create_id = state_id(&answer["state"], "m.room.create", "");
+    let power_id = state_id(&answer["state"], "m.room.power_levels", "");
+    let depth = join["depth"].as_i64().unwrap();
+    let event = |kind: &str, prev: &str, depth: i64, extra: Value| {
+        let mut pdu = json!({
+            "type": kind, "room_id": room, "sender": bob,
+            "prev_events": [prev], "auth_events": [create_id, power_id, join_id],
+            "depth": depth, "origin_server_ts": now_ms(),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            pdu[k] = v.clone();
+        }
+        pdu
+    };
+
+    // While bob is joined, his server's messages are taken.
+    let mut hello = event("m.room.message", &join_id, depth + 1, json!({ "content": text("hello") }));
+    let hello_id = acting.sign(&mut hello);
+    let (status, results) = acting.send_txn("left1", &[&hello]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"][&hello_id], json!({}), "{results}");
+
+    let mut leave = event(
+        "m.room.member",
+        &hello_id,
+        depth + 2,
+        json!({ "state_key": bob, "content": { "membership": "leave" } }),
+    );
+    let leave_id = acting.sign(&mut leave);
+    let (status, results) = acting.send_txn("left2", &[&leave]).await;
+    assert_eq!(status, 200, "{results}");
+    assert_eq!(results["pdus"][&leave_id], json!({}), "{results}");
+
+    // Now no user of B is joined: a message of bob's is refused as one from
+    // a server not in the room, and nobody reads it.
+    let mut after =
+        event("m.room.message", &leave_id, depth + 3, json!({ "content": text("after leaving") }));
+    let after_id = acting.sign(&mut after);
+    let (status, results) = acting.send_txn("left3", &[&after]).await;
+    assert_eq!(status, 200, "{results}");
+    let error = results["pdus"][&after_id]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("not in room"), "{results}");
+    let bodies = message_bodies(&seqline_messages(&a, &alice, &room).await);
+    assert!(bodies.contains(&"hello".to_owned()), "{bodies:?}");
+    assert!(!bodies.contains(&"after leaving".to_owned()), "{bodies:?}");
 }
 
 /// Room version 2 as another server (B) acting by hand: the make_join

@@ -143,6 +143,54 @@ struct Clear {
 /// Most destinations kept in [`Clear`] (past it, all are read again).
 const MAX_CLEAR: usize = 10_000;
 
+/// Our events as committed, by id, kept a little while so that the
+/// transactions carrying them need not read them back: an event's stored
+/// JSON never changes, so the copy here is the one the database holds.
+#[derive(Debug, Default)]
+struct Fresh {
+    /// Ids oldest first, each with when it came.
+    order: VecDeque<(String, Instant)>,
+    json: HashMap<String, std::sync::Arc<str>>,
+    /// The JSON kept, in bytes.
+    bytes: usize,
+}
+
+/// Most bytes of events [`Fresh`] keeps.
+const FRESH_BYTES: usize = 4 << 20;
+
+/// How long [`Fresh`] keeps an event (a destination that answers takes it
+/// well within this; one that does not reads it back when it returns).
+const FRESH_FOR: Duration = Duration::from_secs(10);
+
+impl Fresh {
+    fn put(&mut self, event_id: String, json: String, now: Instant) {
+        if self.json.contains_key(&event_id) {
+            return;
+        }
+        self.bytes += json.len();
+        self.json.insert(event_id.clone(), json.into());
+        self.order.push_back((event_id, now));
+        self.trim(now);
+    }
+
+    /// Forgets what is too old, and the oldest past [`FRESH_BYTES`].
+    fn trim(&mut self, now: Instant) {
+        while let Some((id, at)) = self.order.front() {
+            if self.bytes <= FRESH_BYTES && now.saturating_duration_since(*at) <= FRESH_FOR {
+                break;
+            }
+            if let Some(json) = self.json.remove(id) {
+                self.bytes -= json.len();
+            }
+            self.order.pop_front();
+        }
+    }
+
+    fn get(&self, event_id: &str) -> Option<std::sync::Arc<str>> {
+        self.json.get(event_id).cloned()
+    }
+}
+
 /// The destinations a sending task runs for, and those woken while it ran
 /// (so a wake-up between its last look at the queue and its exit is not
 /// lost); the ephemeral EDUs waiting for each destination; those known to
@@ -156,6 +204,8 @@ pub struct Sender {
     /// (it records theirs itself): a durable wake-up reads their queue
     /// without first reading their state.
     healthy: Mutex<HashSet<OwnedServerName>>,
+    /// Our events just committed.
+    fresh: Mutex<Fresh>,
     /// The start of the ids of transactions of ephemeral EDUs alone: `t`,
     /// the process's start (ms) and id, so that no restart reuses one and
     /// none is a durable id (a row id, or `e` and one).
@@ -171,6 +221,7 @@ impl Default for Sender {
             ephemeral: Mutex::default(),
             clear: Mutex::default(),
             healthy: Mutex::default(),
+            fresh: Mutex::default(),
             txn_prefix: format!("t{}p{}n", storage::now_ms(), std::process::id()),
             txn_count: AtomicU64::new(0),
         }
@@ -314,6 +365,27 @@ impl Sender {
         clear.wakes += 1;
         clear.destinations.remove(destination);
     }
+}
+
+/// The write path committed `events` (id, stored JSON), queued for
+/// `destinations`: they are kept for the transactions that carry them, and
+/// the destinations woken.
+pub fn committed(
+    state: &AppState,
+    destinations: &std::collections::BTreeSet<String>,
+    events: Vec<(String, String)>,
+) {
+    if destinations.is_empty() {
+        return;
+    }
+    {
+        let now = Instant::now();
+        let mut fresh = state.federation_sender.fresh.lock().unwrap_or_else(|e| e.into_inner());
+        for (event_id, json) in events {
+            fresh.put(event_id, json, now);
+        }
+    }
+    wake(state, destinations.iter().map(String::as_str));
 }
 
 /// Makes sure a task sends what is queued for each of `destinations`
@@ -534,7 +606,7 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
 }
 
 /// The events `queued` (room id, event id) as stored, in queue order; an
-/// id queued twice is sent once.
+/// id queued twice is sent once. Those just committed come from memory.
 async fn load_pdus(
     state: &AppState,
     queued: &[(String, String)],
@@ -543,11 +615,19 @@ async fn load_pdus(
         return Ok(Vec::new());
     }
     let ids: Vec<&str> = queued.iter().map(|(_, id)| id.as_str()).collect();
-    let mut held: HashMap<String, String> = crate::storage::outliers::held_by_ids(&state.db, &ids)
-        .await?
-        .into_iter()
-        .map(|h| (h.event_id, h.json))
-        .collect();
+    let mut held: HashMap<String, String> = {
+        let fresh = state.federation_sender.fresh.lock().unwrap_or_else(|e| e.into_inner());
+        ids.iter().filter_map(|id| fresh.get(id).map(|json| ((*id).to_owned(), json.to_string()))).collect()
+    };
+    let missing: Vec<&str> = ids.iter().copied().filter(|id| !held.contains_key(*id)).collect();
+    if !missing.is_empty() {
+        held.extend(
+            crate::storage::outliers::held_by_ids(&state.db, &missing)
+                .await?
+                .into_iter()
+                .map(|h| (h.event_id, h.json)),
+        );
+    }
     let mut pdus = Vec::with_capacity(queued.len());
     for event_id in ids {
         // The first take empties its entry.
@@ -710,6 +790,29 @@ mod tests {
         assert_eq!(sender.is_clear(&dest), Ok(()));
         sender.not_clear(&dest);
         assert!(sender.is_clear(&dest).is_err());
+    }
+
+    #[test]
+    fn fresh_events_are_kept_a_while_and_within_their_bytes() {
+        let t0 = Instant::now();
+        let mut fresh = Fresh::default();
+        fresh.put("$a".into(), "{\"a\":1}".into(), t0);
+        fresh.put("$a".into(), "{\"changed\":1}".into(), t0);
+        assert_eq!(fresh.get("$a").as_deref(), Some("{\"a\":1}"));
+        assert_eq!(fresh.get("$b"), None);
+        // Past its time an event goes when the next one comes.
+        fresh.put("$b".into(), "{}".into(), t0 + FRESH_FOR + Duration::from_millis(1));
+        assert_eq!(fresh.get("$a"), None);
+        assert_eq!(fresh.get("$b").as_deref(), Some("{}"));
+        assert_eq!(fresh.bytes, 2);
+        // Past the bytes, the oldest go.
+        let big = "x".repeat(FRESH_BYTES / 2 + 1);
+        fresh.put("$c".into(), big.clone(), t0 + FRESH_FOR + Duration::from_millis(2));
+        fresh.put("$d".into(), big, t0 + FRESH_FOR + Duration::from_millis(2));
+        assert_eq!(fresh.get("$b"), None);
+        assert_eq!(fresh.get("$c"), None);
+        assert!(fresh.get("$d").is_some());
+        assert_eq!(fresh.bytes, FRESH_BYTES / 2 + 1);
     }
 
     #[test]

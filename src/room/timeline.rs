@@ -96,6 +96,9 @@ pub struct RoomWriter {
     servers: Option<Vec<String>>,
     /// Servers this transaction queued events for (woken after commit).
     destinations: std::collections::BTreeSet<String>,
+    /// The events queued for them, by id, as stored (handed to the sender
+    /// after commit: it need not read them back).
+    outgoing: Vec<(String, String)>,
     /// Users whose membership a state resolution moved (woken after commit).
     resolved_targets: Vec<String>,
     /// Something was stored off the line (a soft-failed event): the write
@@ -134,6 +137,7 @@ impl RoomWriter {
             state_changed: false,
             servers: None,
             destinations: Default::default(),
+            outgoing: Vec::new(),
             resolved_targets: Vec::new(),
             kept_off_line: false,
             tally_rows: Vec::new(),
@@ -172,6 +176,7 @@ impl RoomWriter {
             state_changed: true,
             servers: None,
             destinations: Default::default(),
+            outgoing: Vec::new(),
             resolved_targets: Vec::new(),
             kept_off_line: false,
             tally_rows: Vec::new(),
@@ -617,6 +622,7 @@ impl RoomWriter {
             )
             .await?;
             self.destinations.extend(destinations);
+            self.outgoing.push((pdu.event_id.to_string(), json));
         }
         if let Some(target) = redacts {
             if events::by_id_tx(self.tx.conn(), target.as_str()).await?.is_some() {
@@ -870,6 +876,7 @@ impl RoomWriter {
             state,
             by_id,
             destinations,
+            outgoing,
             resolved_targets,
             tally_rows,
             tally_totals,
@@ -896,7 +903,7 @@ impl RoomWriter {
             });
         }
         let cache = StateCache::new(last_seq, state, by_id, tally_totals);
-        Ok((Committed { room_id, appended, destinations, targets }, cache))
+        Ok((Committed { room_id, appended, destinations, outgoing, targets }, cache))
     }
 
     /// Ends the write without committing anything, keeping what it loaded.
@@ -952,6 +959,8 @@ struct Committed {
     appended: Option<(i64, i64)>,
     /// Servers with new events queued for them.
     destinations: std::collections::BTreeSet<String>,
+    /// Those events (id, stored JSON).
+    outgoing: Vec<(String, String)>,
     /// The targets of the membership events among them.
     targets: Vec<String>,
 }
@@ -963,8 +972,8 @@ impl Committed {
     /// ranges hold one. The events are committed: nothing here may turn the
     /// answer into an error (the client would retry a send that succeeded).
     async fn announce(self, state: &AppState) {
-        let Committed { room_id, appended, destinations, targets } = self;
-        crate::federation::sender::wake(state, destinations.iter().map(String::as_str));
+        let Committed { room_id, appended, destinations, outgoing, targets } = self;
+        crate::federation::sender::committed(state, &destinations, outgoing);
         let Some((lo, hi)) = appended else { return };
         state.notifier.wake_room(room_id.as_str(), targets.iter().map(String::as_str));
         let anyone_pushes = !state.pusher_users.read().unwrap_or_else(|e| e.into_inner()).is_empty();
