@@ -17,6 +17,7 @@ use super::resolution;
 use crate::error::{Error, Result};
 use crate::state::AppState;
 use crate::storage::events::{self, NewEvent, Txn};
+use crate::storage::outliers::Standing;
 use crate::storage::{self, RoomTx, memberships, remote_devices, rooms};
 use crate::streams::{Change, Reservation};
 
@@ -399,8 +400,15 @@ impl RoomWriter {
         forward: bool,
         across: Option<resolution::StateIds>,
     ) -> Result<Appended> {
-        if let Some(stored) = events::by_id_tx(self.tx.conn(), pdu.event_id.as_str()).await? {
-            return Ok(Appended { pdu, seq: stored.seq, is_new: false });
+        // Where the event and its prev events stand, in one read.
+        let standing = {
+            let mut ids: Vec<&str> = vec![pdu.event_id.as_str()];
+            ids.extend(pdu.prev_events.iter().map(|p| p.as_str()));
+            crate::storage::outliers::standing(self.tx.conn(), &ids).await?
+        };
+        let own = standing.get(pdu.event_id.as_str());
+        if let Some(Standing::Placed { seq, .. }) = own {
+            return Ok(Appended { seq: *seq, pdu, is_new: false });
         }
         // The room has its create event: another one starts nothing here.
         if pdu.kind == TimelineEventType::RoomCreate {
@@ -414,7 +422,7 @@ impl RoomWriter {
         }
         let draft = pdu.as_draft()?;
         pdu::check_draft(&draft)?;
-        if let Some(kept) = crate::storage::outliers::off_line(self.tx.conn(), pdu.event_id.as_str()).await? {
+        if let Some(Standing::OffLine(kept)) = own {
             // Held already, off the line: the same answer as the first time.
             if kept.rejected {
                 return Err(Error::Forbidden("The event was rejected".into()));
@@ -425,14 +433,11 @@ impl RoomWriter {
         let mut missing: Vec<OwnedEventId> = Vec::new();
         for prev in &pdu.prev_events {
             let room = self.room_id.as_str();
-            let seq = match events::by_id_tx(self.tx.conn(), prev.as_str()).await? {
-                Some(e) if e.room_id == room => Some(e.seq),
-                Some(_) => None,
+            let seq = match standing.get(prev.as_str()) {
+                Some(Standing::Placed { room_id, seq }) if room_id == room => Some(*seq),
                 // A soft-failed or rejected prev event counts: its state is kept.
-                None => crate::storage::outliers::off_line(self.tx.conn(), prev.as_str())
-                    .await?
-                    .filter(|kept| kept.room_id == room)
-                    .map(|kept| kept.base_seq),
+                Some(Standing::OffLine(kept)) if kept.room_id == room => Some(kept.base_seq),
+                _ => None,
             };
             match seq {
                 Some(seq) => prev_seqs.push(seq),

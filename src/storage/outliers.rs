@@ -188,6 +188,51 @@ pub struct OffLine {
     pub rejected: bool,
 }
 
+/// Where an event we hold stands: placed on a room's line, or kept off it.
+#[derive(Debug, Clone)]
+pub enum Standing {
+    /// Placed in `room_id` at `seq`.
+    Placed { room_id: String, seq: i64 },
+    /// Kept off the line.
+    OffLine(OffLine),
+}
+
+/// Where each of `ids` stands, in one read (an id neither placed nor kept
+/// off the line is absent; one that is both counts as placed).
+pub async fn standing(
+    conn: &mut AnyConnection,
+    ids: &[&str],
+) -> Result<std::collections::HashMap<String, Standing>> {
+    let mut found = std::collections::HashMap::new();
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let list = in_list(chunk.len());
+        let sql = format!(
+            "SELECT event_id, room_id, seq, CAST(NULL AS TEXT), CAST(0 AS BIGINT) FROM events WHERE event_id {list} \
+             UNION ALL SELECT event_id, room_id, base_seq, rejected_reason, CAST(1 AS BIGINT) \
+             FROM off_line_events WHERE event_id {list}"
+        );
+        let mut query =
+            sqlx::query_as::<_, (String, String, i64, Option<String>, i64)>(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for (event_id, room_id, seq, reason, off) in query.fetch_all(&mut *conn).await? {
+            let standing = if off == 0 {
+                Standing::Placed { room_id, seq }
+            } else {
+                Standing::OffLine(OffLine { room_id, base_seq: seq, rejected: reason.is_some() })
+            };
+            match found.get(&event_id) {
+                Some(Standing::Placed { .. }) => {}
+                _ => {
+                    found.insert(event_id, standing);
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// The record of an event kept off the line, if it is one.
 pub async fn off_line(conn: &mut AnyConnection, event_id: &str) -> Result<Option<OffLine>> {
     let row: Option<(String, i64, Option<String>)> =
