@@ -204,6 +204,10 @@ pub struct Sender {
     /// (it records theirs itself): a durable wake-up reads their queue
     /// without first reading their state.
     healthy: Mutex<HashSet<OwnedServerName>>,
+    /// Failures recorded by this process so far (of any destination): a
+    /// read that saw none marks a destination healthy only if none came
+    /// while it ran.
+    failures: AtomicU64,
     /// Our events just committed.
     fresh: Mutex<Fresh>,
     /// The start of the ids of transactions of ephemeral EDUs alone: `t`,
@@ -221,6 +225,7 @@ impl Default for Sender {
             ephemeral: Mutex::default(),
             clear: Mutex::default(),
             healthy: Mutex::default(),
+            failures: AtomicU64::new(0),
             fresh: Mutex::default(),
             txn_prefix: format!("t{}p{}n", storage::now_ms(), std::process::id()),
             txn_count: AtomicU64::new(0),
@@ -349,7 +354,22 @@ impl Sender {
     fn set_healthy(&self, destination: &OwnedServerName, healthy: bool) {
         let mut known = self.healthy.lock().unwrap_or_else(|e| e.into_inner());
         if !healthy {
+            self.failures.fetch_add(1, Ordering::Relaxed);
             known.remove(destination);
+            return;
+        }
+        if known.len() >= MAX_CLEAR {
+            known.clear();
+        }
+        known.insert(destination.clone());
+    }
+
+    /// A read begun after `failures` failures found none recorded for
+    /// `destination`: it is healthy unless one was recorded since (the
+    /// count moves under the same lock).
+    fn mark_healthy_since(&self, destination: &OwnedServerName, failures: u64) {
+        let mut known = self.healthy.lock().unwrap_or_else(|e| e.into_inner());
+        if self.failures.load(Ordering::Relaxed) != failures {
             return;
         }
         if known.len() >= MAX_CLEAR {
@@ -420,19 +440,27 @@ pub async fn resume(state: &AppState) {
     }
 }
 
-/// Whether `destination` is known to have nothing queued in the database
-/// and no failure recorded (so a call from it changes nothing here).
-pub fn known_clear(state: &AppState, destination: &ruma::ServerName) -> bool {
-    state.federation_sender.is_clear(&destination.to_owned()).is_ok()
+/// Whether `destination` is known to have no failure recorded (so a call
+/// from it changes nothing here).
+pub fn known_healthy(state: &AppState, destination: &ruma::ServerName) -> bool {
+    let destination = destination.to_owned();
+    let sender = &state.federation_sender;
+    sender.is_clear(&destination).is_ok() || sender.is_healthy(&destination)
 }
 
 /// `origin` called us: if we were backing off from it, try it now. A read
 /// first: a write per request would put the writer slot (and, were a row
-/// there, a sync to disk) on every call another server makes.
+/// there, a sync to disk) on every call another server makes; one that
+/// finds no failure recorded spares the next calls the read.
 pub async fn contact_from(state: &AppState, origin: &ruma::ServerName) {
+    let sender = &state.federation_sender;
+    let failures = sender.failures.load(Ordering::Relaxed);
     match store::backing_off(&state.db, origin.as_str()).await {
         Ok(true) => {}
-        Ok(false) => return,
+        Ok(false) => {
+            sender.mark_healthy_since(&origin.to_owned(), failures);
+            return;
+        }
         Err(e) => {
             tracing::warn!(%origin, "cannot read the backoff: {e}");
             return;
@@ -813,6 +841,23 @@ mod tests {
         assert_eq!(fresh.get("$c"), None);
         assert!(fresh.get("$d").is_some());
         assert_eq!(fresh.bytes, FRESH_BYTES / 2 + 1);
+    }
+
+    #[test]
+    fn a_destination_found_without_failure_is_healthy_unless_one_came_meanwhile() {
+        let sender = Sender::default();
+        let (dest, other): (OwnedServerName, OwnedServerName) =
+            ("one.example".try_into().unwrap(), "two.example".try_into().unwrap());
+        let before = sender.failures.load(Ordering::Relaxed);
+        // A failure (anywhere) while the read ran: not marked.
+        sender.set_healthy(&other, false);
+        sender.mark_healthy_since(&dest, before);
+        assert!(!sender.is_healthy(&dest));
+        let before = sender.failures.load(Ordering::Relaxed);
+        sender.mark_healthy_since(&dest, before);
+        assert!(sender.is_healthy(&dest));
+        sender.set_healthy(&dest, false);
+        assert!(!sender.is_healthy(&dest));
     }
 
     #[test]

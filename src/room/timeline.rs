@@ -193,6 +193,7 @@ impl RoomWriter {
             self.state = cache.state;
             self.by_id = cache.by_id;
             self.tally_totals = cache.tally_totals;
+            self.servers = cache.servers;
         }
     }
 
@@ -885,6 +886,7 @@ impl RoomWriter {
             resolved_targets,
             tally_rows,
             tally_totals,
+            servers,
             ..
         } = self;
         storage::tally::insert(tx.conn(), room_id.as_str(), &tally_rows).await?;
@@ -907,14 +909,16 @@ impl RoomWriter {
                 Change::Room { room: room_id.to_string(), seq, state, member }
             });
         }
-        let cache = StateCache::new(last_seq, state, by_id, tally_totals);
+        let cache = StateCache::new(last_seq, state, by_id, tally_totals, servers);
         Ok((Committed { room_id, appended, destinations, outgoing, targets }, cache))
     }
 
     /// Ends the write without committing anything, keeping what it loaded.
     fn into_cache(self) -> StateCache {
         // The totals are left behind: they may count rows never filed.
-        StateCache::new(self.last_seq, self.state, self.by_id, HashMap::new())
+        // So are the servers (read after a membership change of this write,
+        // they would count it).
+        StateCache::new(self.last_seq, self.state, self.by_id, HashMap::new(), None)
     }
 }
 
@@ -928,6 +932,9 @@ struct StateCache {
     by_id: HashMap<OwnedEventId, Pdu>,
     /// Each thread's unread-count totals through the head.
     tally_totals: HashMap<String, (i64, i64)>,
+    /// The servers with users joined (`room_servers` moves only in writes
+    /// that move the head), once read.
+    servers: Option<Vec<String>>,
 }
 
 impl StateCache {
@@ -936,10 +943,11 @@ impl StateCache {
         state: HashMap<(String, String), Option<Pdu>>,
         mut by_id: HashMap<OwnedEventId, Pdu>,
         tally_totals: HashMap<String, (i64, i64)>,
+        servers: Option<Vec<String>>,
     ) -> Self {
         // Messages appended by the write are no auth events of later ones.
         by_id.retain(|_, p| p.state_key.is_some());
-        Self { last_seq, state, by_id, tally_totals }
+        Self { last_seq, state, by_id, tally_totals, servers }
     }
 }
 
@@ -1168,18 +1176,22 @@ async fn write_batch(
             result => answers.push((job.reply, result)),
         }
     }
-    let (committed, cache) =
-        if writer.kept_off_line || answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new)) {
-            match writer.commit_only(state.settings.server_name.as_str()).await {
-                Ok((committed, cache)) => (Some(committed), cache),
-                Err(e) => {
-                    fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);
-                    return (None, StateCache::default());
-                }
+    let (committed, cache) = if writer.kept_off_line
+        || answers.iter().any(|(_, r)| matches!(r, Ok(a) if a.is_new))
+    {
+        let clock = std::time::Instant::now();
+        let done = writer.commit_only(state.settings.server_name.as_str()).await;
+        tracing::debug!(%room_id, events = answers.len(), commit_us = clock.elapsed().as_micros(), "room write committed");
+        match done {
+            Ok((committed, cache)) => (Some(committed), cache),
+            Err(e) => {
+                fail_all(answers.into_iter().map(|(r, _)| r).collect(), &e);
+                return (None, StateCache::default());
             }
-        } else {
-            (None, writer.into_cache())
-        };
+        }
+    } else {
+        (None, writer.into_cache())
+    };
     for (reply, result) in answers {
         let _ = reply.send(result);
     }

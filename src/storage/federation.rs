@@ -443,13 +443,21 @@ pub async fn inbound_txn(db: &Db, origin: &str, txn_id: &str) -> Result<Option<S
         .await?)
 }
 
-/// Remembers the answer to a transaction (and forgets those older than a day).
+/// The hour (since the epoch) in which this process last forgot old
+/// transaction answers.
+static INBOUND_PRUNED_HOUR: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+
+/// Remembers the answer to a transaction (and, once an hour, forgets those
+/// older than a day).
 pub async fn save_inbound_txn(db: &Db, origin: &str, txn_id: &str, response: &str, now: i64) -> Result<()> {
     let mut tx = db.begin_write().await?;
-    sqlx::query("DELETE FROM fed_inbound_txns WHERE ts < $1")
-        .bind(now - 24 * 3600 * 1000)
-        .execute(tx.conn())
-        .await?;
+    let hour = now / (3600 * 1000);
+    if INBOUND_PRUNED_HOUR.swap(hour, std::sync::atomic::Ordering::Relaxed) != hour {
+        sqlx::query("DELETE FROM fed_inbound_txns WHERE ts < $1")
+            .bind(now - 24 * 3600 * 1000)
+            .execute(tx.conn())
+            .await?;
+    }
     sqlx::query(
         "INSERT INTO fed_inbound_txns (origin, txn_id, response, ts) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (origin, txn_id) DO NOTHING",

@@ -1245,3 +1245,25 @@ async fn the_queue_gives_a_begun_transaction_again_as_it_was() {
         fresh.finish().await;
     }
 }
+
+/// A transaction's answer is remembered, and those older than a day are
+/// forgotten at the first save of a later hour.
+#[tokio::test]
+async fn inbound_transactions_are_remembered_for_a_day() {
+    use super::federation::{inbound_txn, save_inbound_txn};
+    for fresh in backends().await {
+        let db = fresh.connect().await;
+        // Far from the clock, so no other test's hour is this one's.
+        let day = 24 * 3600 * 1000;
+        let t0 = 4_000_000_000_000_i64 + i64::from(std::process::id()) * 7 * day;
+        save_inbound_txn(&db, "a.example", "old", "{\"$e\":null}", t0).await.unwrap();
+        save_inbound_txn(&db, "a.example", "later", "{}", t0 + 60_000).await.unwrap();
+        assert_eq!(inbound_txn(&db, "a.example", "old").await.unwrap().as_deref(), Some("{\"$e\":null}"));
+        assert_eq!(inbound_txn(&db, "b.example", "old").await.unwrap(), None, "{}", fresh.label);
+        // A day and an hour on: the first save of that hour forgets both.
+        save_inbound_txn(&db, "a.example", "new", "{}", t0 + day + 3_600_000).await.unwrap();
+        assert_eq!(inbound_txn(&db, "a.example", "old").await.unwrap(), None, "{}", fresh.label);
+        assert_eq!(inbound_txn(&db, "a.example", "later").await.unwrap(), None, "{}", fresh.label);
+        assert_eq!(inbound_txn(&db, "a.example", "new").await.unwrap().as_deref(), Some("{}"));
+    }
+}

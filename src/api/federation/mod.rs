@@ -93,7 +93,7 @@ async fn read(
         // It reached us: whatever we queued for it may go now (found out
         // beside the request, not on its way: it is a read, rarely a write).
         // Known to have no failure recorded: nothing to look at.
-        if !crate::federation::sender::known_clear(state, &origin) {
+        if !crate::federation::sender::known_healthy(state, &origin) {
             let (state_, caller) = (state.clone(), origin.clone());
             tokio::spawn(async move { crate::federation::sender::contact_from(&state_, &caller).await });
         }
