@@ -1253,7 +1253,10 @@ async fn enqueue(state: &AppState, room_id: &RoomId, work: Work) -> Result<Appen
     let slot = state.write_queue.slot(room_id);
     slot.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Job { work, reply });
     tokio::spawn(write_queued(state.clone(), room_id.to_owned(), slot));
-    answer.await.unwrap_or_else(|_| Err(Error::Internal("the room write was dropped".into())))
+    let clock = std::time::Instant::now();
+    let answer = answer.await.unwrap_or_else(|_| Err(Error::Internal("the room write was dropped".into())));
+    tracing::debug!(%room_id, written_us = clock.elapsed().as_micros(), "room write answered");
+    answer
 }
 
 /// Most forward extremities a room keeps. Every remote event off the head
