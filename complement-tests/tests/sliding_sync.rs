@@ -30,6 +30,7 @@ backend_tests!(
     filters_pick_invites_dms_encrypted_and_spaces,
     extensions_bring_receipts_typing_and_account_data,
     rooms_answered_together_keep_their_own_counts_receipts_and_account_data,
+    rooms_answered_together_keep_their_own_timelines_and_state,
     others_rooms_and_rooms_left_stay_hidden,
     a_request_for_too_much_is_answered_in_parts,
     rooms_of_another_server_appear_whole,
@@ -691,6 +692,85 @@ async fn rooms_answered_together_keep_their_own_counts_receipts_and_account_data
     both.sort();
     assert_eq!(read_by(1), both, "{ext}");
     assert_eq!(read_by(2), vec![], "{ext}");
+}
+
+/// The timelines and `required_state` of a first answer's rooms are read
+/// for all of them at once: each room still gets its own events, its own
+/// name and the member events of its own timeline's senders, within what
+/// the user may read (a room joined under `joined` history starts at the
+/// join; a room left is read up to the leave).
+async fn rooms_answered_together_keep_their_own_timelines_and_state(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw-alice-1").await;
+    let bob = server.register("bob", "pw-bob-1").await;
+    let carol = server.register("carol", "pw-carol-1").await;
+    let mut rooms = Vec::new();
+    for i in 0..3 {
+        let room =
+            create_room(&server, &alice, json!({ "preset": "public_chat", "name": format!("room {i}") }))
+                .await;
+        join(&server, &bob, &room).await;
+        join(&server, &carol, &room).await;
+        rooms.push(room);
+    }
+    // Room 0: alice then carol; room 1: carol then alice; room 2: alice twice.
+    let sent = [
+        vec![send(&server, &alice, &rooms[0], "r0 a").await, send(&server, &carol, &rooms[0], "r0 c").await],
+        vec![send(&server, &carol, &rooms[1], "r1 c").await, send(&server, &alice, &rooms[1], "r1 a").await],
+        vec![
+            send(&server, &alice, &rooms[2], "r2 a1").await,
+            send(&server, &alice, &rooms[2], "r2 a2").await,
+        ],
+    ];
+    // A room under `joined` history that bob joins after its first message,
+    // and one he leaves before its last.
+    let late = create_room(
+        &server,
+        &alice,
+        json!({ "preset": "public_chat", "name": "late", "initial_state": [{
+            "type": "m.room.history_visibility", "state_key": "", "content": { "history_visibility": "joined" } }] }),
+    )
+    .await;
+    send(&server, &alice, &late, "before bob").await;
+    join(&server, &bob, &late).await;
+    let after = send(&server, &alice, &late, "after bob").await;
+    let left = create_room(&server, &alice, json!({ "preset": "public_chat", "name": "left" })).await;
+    join(&server, &bob, &left).await;
+    send(&server, &alice, &left, "while bob was in").await;
+    assert_eq!(server.post(&room_path(&left, "/leave"), Some(&bob.token), json!({})).await.0, 200);
+    send(&server, &alice, &left, "after bob left").await;
+
+    let answer = ss_ok(&server, &bob, None, 0, all_rooms(json!([[0, 9]]), 2)).await;
+    for (i, room) in rooms.iter().enumerate() {
+        let entry = &answer["rooms"][room];
+        let ids: Vec<&str> =
+            entry["timeline"].as_array().unwrap().iter().map(|e| e["event_id"].as_str().unwrap()).collect();
+        assert_eq!(ids, sent[i].iter().map(String::as_str).collect::<Vec<_>>(), "room {i}: {entry}");
+        assert_eq!(entry["name"], format!("room {i}"), "{entry}");
+        let mut members: Vec<&str> = entry["required_state"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "m.room.member")
+            .map(|e| e["state_key"].as_str().unwrap())
+            .collect();
+        members.sort_unstable();
+        let mut expected = vec![bob.user_id.as_str(), alice.user_id.as_str()];
+        if i < 2 {
+            expected.push(carol.user_id.as_str());
+        }
+        expected.sort_unstable();
+        assert_eq!(members, expected, "room {i}: {entry}");
+        for event in entry["required_state"].as_array().unwrap() {
+            assert_eq!(event["room_id"].as_str().unwrap_or(room), room, "room {i}: {event}");
+        }
+    }
+    // Only what bob may read: the join and after in `late`, up to the leave in `left`.
+    let late_bodies = bodies(&answer["rooms"][&late]);
+    assert_eq!(late_bodies, vec!["after bob".to_owned()], "{}", answer["rooms"][&late]);
+    assert_eq!(answer["rooms"][&late]["timeline"].as_array().unwrap().last().unwrap()["event_id"], after);
+    let left_entry = &answer["rooms"][&left];
+    assert!(!left_entry.to_string().contains("after bob left"), "{left_entry}");
 }
 
 async fn others_rooms_and_rooms_left_stay_hidden(backend: Backend) {
