@@ -506,11 +506,17 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
     let failed = |e: &dyn std::fmt::Display| {
         tracing::warn!(%destination, "federation send failed: {e}");
     };
+    // The durable wake-ups counted before a queue read that skipped the
+    // destination's state: a read that finds nothing marks it clear.
+    let mut read_after = None;
     let known = match sender.is_clear(destination) {
         Ok(()) => store::DestinationState { retry_at: None, queued: false },
         // Woken for something durable, with no failure known: the queue's
         // read below says what there is.
-        Err(_) if sender.is_healthy(destination) => store::DestinationState { retry_at: None, queued: true },
+        Err(wakes) if sender.is_healthy(destination) => {
+            read_after = Some(wakes);
+            store::DestinationState { retry_at: None, queued: true }
+        }
         Err(wakes) => match store::destination_state(&state.db, destination.as_str()).await {
             Ok(known) => {
                 if known == (store::DestinationState { retry_at: None, queued: false }) {
@@ -534,7 +540,14 @@ async fn send_next(state: &AppState, destination: &OwnedServerName) -> Result<bo
     // in-memory EDUs alone go without it.
     let durable = if known.queued {
         match store::next_transaction(&state.db, destination.as_str(), MAX_PDUS, MAX_EDUS).await {
-            Ok(next) => next,
+            Ok(next) => {
+                // Nothing queued and no failure known: the typing notices
+                // that follow go without reading the queue again.
+                if let (None, Some(wakes)) = (&next, read_after) {
+                    sender.mark_clear(destination, wakes);
+                }
+                next
+            }
             Err(e) => {
                 failed(&e);
                 return Err(now + FIRST_BACKOFF_MS);
