@@ -118,6 +118,19 @@ fn bodies(room: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The state keys of a room entry's member events in `required_state`, sorted.
+fn required_members(room: &Value) -> Vec<&str> {
+    let mut members: Vec<&str> = room["required_state"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "m.room.member")
+        .filter_map(|e| e["state_key"].as_str())
+        .collect();
+    members.sort_unstable();
+    members
+}
+
 async fn send(server: &Server, user: &User, room: &str, body: &str) -> String {
     let path = room_path(room, &format!("/send/m.room.message/{}", uuid_like(body)));
     let (status, answer) = server.put(&path, Some(&user.token), text(body)).await;
@@ -317,15 +330,7 @@ async fn timeline_limit_prev_batch_and_required_state(backend: Backend) {
     assert_eq!(status, 200, "{page}");
     assert_eq!(message_bodies(&page), vec!["m17", "m18", "m19"]);
     // $LAZY gives the timeline's senders, $ME oneself, nobody else.
-    let members: Vec<&str> = r["required_state"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "m.room.member")
-        .map(|e| e["state_key"].as_str().unwrap())
-        .collect();
-    let mut members = members;
-    members.sort_unstable();
+    let members = required_members(r);
     let mut want = vec![alice.user_id.as_str(), bob.user_id.as_str(), carol.user_id.as_str()];
     want.sort_unstable();
     assert_eq!(members, want);
@@ -747,14 +752,7 @@ async fn rooms_answered_together_keep_their_own_timelines_and_state(backend: Bac
             entry["timeline"].as_array().unwrap().iter().map(|e| e["event_id"].as_str().unwrap()).collect();
         assert_eq!(ids, sent[i].iter().map(String::as_str).collect::<Vec<_>>(), "room {i}: {entry}");
         assert_eq!(entry["name"], format!("room {i}"), "{entry}");
-        let mut members: Vec<&str> = entry["required_state"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["type"] == "m.room.member")
-            .map(|e| e["state_key"].as_str().unwrap())
-            .collect();
-        members.sort_unstable();
+        let members = required_members(entry);
         let mut expected = vec![bob.user_id.as_str(), alice.user_id.as_str()];
         if i < 2 {
             expected.push(carol.user_id.as_str());

@@ -263,6 +263,8 @@ async fn accept(state: &AppState, origin: &ServerName, room_id: &RoomId, pdu: Pd
     // read. The write path checks the event against the state it lands on.
     let own_member_event =
         pdu.kind == ruma::events::TimelineEventType::RoomMember && pdu.sender.server_name() == origin;
+    // Opened here, after the event's checks (which may fetch keys for a
+    // while), not with the version above: a state event meanwhile counts.
     let view = crate::room::read::open_kept(state, room_id).await?;
     if !own_member_event {
         let servers = crate::room::read::servers_in_room(state, &view).await?;

@@ -191,6 +191,15 @@ impl Fresh {
     }
 }
 
+/// Adds `destination` to `known`, a set kept within [`MAX_CLEAR`] (past it,
+/// all are forgotten and found out again).
+fn keep(known: &mut HashSet<OwnedServerName>, destination: &OwnedServerName) {
+    if known.len() >= MAX_CLEAR {
+        known.clear();
+    }
+    known.insert(destination.clone());
+}
+
 /// The destinations a sending task runs for, and those woken while it ran
 /// (so a wake-up between its last look at the queue and its exit is not
 /// lost); the ephemeral EDUs waiting for each destination; those known to
@@ -335,13 +344,9 @@ impl Sender {
     /// durable was queued since (for it or any other).
     fn mark_clear(&self, destination: &OwnedServerName, wakes: u64) {
         let mut clear = self.clear.lock().unwrap_or_else(|e| e.into_inner());
-        if clear.wakes != wakes {
-            return;
+        if clear.wakes == wakes {
+            keep(&mut clear.destinations, destination);
         }
-        if clear.destinations.len() >= MAX_CLEAR {
-            clear.destinations.clear();
-        }
-        clear.destinations.insert(destination.clone());
     }
 
     /// Whether `destination` has no failure recorded, as far as known.
@@ -358,10 +363,7 @@ impl Sender {
             known.remove(destination);
             return;
         }
-        if known.len() >= MAX_CLEAR {
-            known.clear();
-        }
-        known.insert(destination.clone());
+        keep(&mut known, destination);
     }
 
     /// A read begun after `failures` failures found none recorded for
@@ -369,13 +371,9 @@ impl Sender {
     /// count moves under the same lock).
     fn mark_healthy_since(&self, destination: &OwnedServerName, failures: u64) {
         let mut known = self.healthy.lock().unwrap_or_else(|e| e.into_inner());
-        if self.failures.load(Ordering::Relaxed) != failures {
-            return;
+        if self.failures.load(Ordering::Relaxed) == failures {
+            keep(&mut known, destination);
         }
-        if known.len() >= MAX_CLEAR {
-            known.clear();
-        }
-        known.insert(destination.clone());
     }
 
     /// Something durable was queued for `destination`, or a failure was

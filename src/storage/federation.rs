@@ -443,16 +443,12 @@ pub async fn inbound_txn(db: &Db, origin: &str, txn_id: &str) -> Result<Option<S
         .await?)
 }
 
-/// The hour (since the epoch) in which this process last forgot old
-/// transaction answers.
-static INBOUND_PRUNED_HOUR: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
-
 /// Remembers the answer to a transaction (and, once an hour, forgets those
 /// older than a day).
 pub async fn save_inbound_txn(db: &Db, origin: &str, txn_id: &str, response: &str, now: i64) -> Result<()> {
     let mut tx = db.begin_write().await?;
     let hour = now / (3600 * 1000);
-    if INBOUND_PRUNED_HOUR.swap(hour, std::sync::atomic::Ordering::Relaxed) != hour {
+    if db.inbound_pruned_hour.swap(hour, std::sync::atomic::Ordering::Relaxed) != hour {
         sqlx::query("DELETE FROM fed_inbound_txns WHERE ts < $1")
             .bind(now - 24 * 3600 * 1000)
             .execute(tx.conn())

@@ -67,6 +67,9 @@ pub struct Db {
     pins: Arc<tokio::sync::Semaphore>,
     /// SQLite: the task that checkpoints the WAL, stopped with the last handle.
     _checkpointer: Option<Arc<AbortOnDrop>>,
+    /// The hour (since the epoch) in which old inbound transaction answers
+    /// were last forgotten ([`federation::save_inbound_txn`]).
+    inbound_pruned_hour: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// Stops a spawned task when dropped.
@@ -290,7 +293,9 @@ impl Db {
         let checkpointer = (backend == Backend::Sqlite)
             .then(|| Arc::new(spawn_checkpointer(pool.clone(), sqlite_writer.clone())));
         let pins = reader::pins_for(max_connections);
-        let db = Self { pool, backend, sqlite_writer, pins, _checkpointer: checkpointer };
+        let inbound_pruned_hour = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+        let db =
+            Self { pool, backend, sqlite_writer, pins, _checkpointer: checkpointer, inbound_pruned_hour };
         db.migrate(last).await?;
         Ok(db)
     }
