@@ -17,6 +17,7 @@ backend_tests!(
     moderator_and_sender_redactions_through_send_apply,
     redact_endpoint_answers_400_for_another_rooms_event,
     v10_redaction_needs_the_top_level_field,
+    a_redacted_state_event_reaches_first_syncs_redacted,
 );
 
 async fn send(
@@ -234,4 +235,63 @@ async fn v10_redaction_needs_the_top_level_field(backend: Backend) {
     let event = get_event(&server, &alice, &room, &message).await;
     assert_eq!(event["content"], json!({}), "{event}");
     assert_eq!(event["unsigned"]["redacted_because"]["event_id"], event_id_of(&body).as_str());
+}
+
+/// The state of a room `/sync` or sliding sync read once is kept for the
+/// first syncs that follow (`read::state_without_members`). Alice's topic
+/// is read that way by Bob, then redacted: a first `/sync` and a new
+/// sliding connection both serve it redacted, never the kept content.
+async fn a_redacted_state_event_reaches_first_syncs_redacted(backend: Backend) {
+    let server = Server::start(&backend).await;
+    let alice = server.register("alice", "pw").await;
+    let bob = server.register("bob", "pw").await;
+    let room = create_room(&server, &alice, json!({ "preset": "public_chat", "room_version": "11" })).await;
+    let (status, body) = server
+        .put(&room_path(&room, "/state/m.room.topic/"), Some(&alice.token), json!({ "topic": "the plan" }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let topic = event_id_of(&body);
+    join(&server, &bob, &room).await;
+
+    let filter =
+        enc(&json!({ "room": { "state": { "lazy_load_members": true }, "timeline": { "limit": 1 } } })
+            .to_string());
+    let first_sync = || async {
+        let (status, body) =
+            server.get(&format!("{V3}/sync?timeout=0&filter={filter}"), Some(&bob.token)).await;
+        assert_eq!(status, 200, "{body}");
+        body["rooms"]["join"][&room]["state"]["events"]
+            .as_array()
+            .and_then(|s| s.iter().find(|e| e["event_id"] == topic.as_str()).cloned())
+            .unwrap_or_else(|| panic!("no topic in the state: {body}"))
+    };
+    let sliding = || async {
+        let (status, body) = server
+            .post(
+                "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync",
+                Some(&bob.token),
+                json!({ "lists": { "all": {
+                    "ranges": [[0, 9]],
+                    "timeline_limit": 1,
+                    "required_state": [["m.room.topic", ""], ["m.room.member", "$LAZY"]]
+                } } }),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["rooms"][&room]["required_state"]
+            .as_array()
+            .and_then(|s| s.iter().find(|e| e["event_id"] == topic.as_str()).cloned())
+            .unwrap_or_else(|| panic!("no topic in required_state: {body}"))
+    };
+    assert_eq!(first_sync().await["content"]["topic"], "the plan");
+    assert_eq!(sliding().await["content"]["topic"], "the plan");
+
+    let (status, body) =
+        send(&server, &alice, &room, "m.room.redaction", "r1", json!({ "redacts": topic })).await;
+    assert_eq!(status, 200, "{body}");
+    let redaction = event_id_of(&body);
+    for (what, event) in [("/sync", first_sync().await), ("sliding sync", sliding().await)] {
+        assert_eq!(event["content"], json!({}), "{what}: {event}");
+        assert_eq!(event["unsigned"]["redacted_because"]["event_id"], redaction.as_str(), "{what}: {event}");
+    }
 }

@@ -1,7 +1,7 @@
 //! The slowly changing inputs of [`super::read::access`], kept between
 //! requests: a room's history-visibility line and retention setting (and,
-//! once asked for, its power levels, member summary, servers and server
-//! ACL), and per user their membership changes, membership ranges and own
+//! once asked for, its power levels, member summary, servers, server ACL
+//! and state but its members), and per user their membership changes, membership ranges and own
 //! floor.
 //!
 //! They change only when the room's `read_epoch` moves (a state event, a
@@ -21,6 +21,7 @@ use tokio::sync::OnceCell;
 
 use super::read::MembershipHistory;
 use super::visibility::HvLine;
+use crate::storage::events::StoredEvent;
 use crate::storage::memberships::Range;
 use crate::storage::rooms::RoomRow;
 
@@ -46,8 +47,29 @@ pub struct RoomInputs {
     pub servers: OnceCell<Vec<String>>,
     /// The current `m.room.server_acl` content (`None`: no ACL), once asked for.
     pub acl: OnceCell<Option<serde_json::Value>>,
+    /// The state but its members at the head, once asked for there
+    /// (`None`: too big to keep, see [`HeadState`]).
+    pub state: OnceCell<Option<HeadState>>,
     users: Mutex<HashMap<String, Arc<UserInputs>>>,
 }
+
+/// A room's state but its member events, read at the head of the line
+/// (`at`, the room row's `last_seq`) in this read epoch. No state event
+/// follows `at` while the epoch stands (one would have moved it; so does the
+/// redaction of a state event), so this is also the state at any seq from
+/// `at` up to the head a later row of the same epoch gives.
+#[derive(Debug)]
+pub struct HeadState {
+    /// The seq it was read at.
+    pub at: i64,
+    /// The events, in seq order.
+    pub events: Arc<[StoredEvent]>,
+}
+
+/// The most stored JSON a room's [`HeadState`] is kept with: a few
+/// kilobytes in most rooms; a space with thousands of children is read each
+/// time instead.
+pub const MAX_HEAD_STATE_BYTES: usize = 16 * 1024;
 
 /// What `/sync`'s room summary and push rules need of the members.
 #[derive(Debug, Clone, Default)]
@@ -123,6 +145,7 @@ impl ReadCache {
             members: OnceCell::new(),
             servers: OnceCell::new(),
             acl: OnceCell::new(),
+            state: OnceCell::new(),
             users: Mutex::default(),
         });
         let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ruma::events::room::power_levels::RoomPowerLevels;
 
-use super::cache::{MemberSummary, RoomInputs, UserInputs};
+use super::cache::{HeadState, MAX_HEAD_STATE_BYTES, MemberSummary, RoomInputs, UserInputs};
 use super::format::{Viewer, client_event};
 use super::pdu::Pdu;
 use super::visibility::{self, Hv, HvLine, Inputs, SeqRanges};
@@ -211,6 +211,48 @@ pub async fn member_summary(state: &AppState, view: &RoomView) -> Result<MemberS
         })
     };
     room.members.get_or_try_init(load).await.cloned()
+}
+
+/// The room's state at seq `end` but its member events, in seq order: kept
+/// with the room's read inputs when read at the head (see
+/// [`super::cache::HeadState`]), so the rooms' first syncs and sliding
+/// answers do not each read the same few events again.
+pub async fn state_without_members(
+    state: &AppState,
+    view: &RoomView,
+    end: i64,
+) -> Result<Arc<[StoredEvent]>> {
+    let room = room_inputs(state, view).await?;
+    let head = view.room.last_seq;
+    if let Some(Some(kept)) = room.state.get()
+        && kept.at <= end
+        && end <= head
+    {
+        return Ok(kept.events.clone());
+    }
+    let read: Arc<[StoredEvent]> =
+        events::state_at_without_members(&state.db, view.room.room_id.as_str(), end).await?.into();
+    if end == head {
+        let bytes: usize = read.iter().map(|e| e.json.len()).sum();
+        let kept = (bytes <= MAX_HEAD_STATE_BYTES).then(|| HeadState { at: end, events: read.clone() });
+        // Another request may have kept the same state meanwhile.
+        let _ = room.state.set(kept);
+    }
+    Ok(read)
+}
+
+/// [`state_without_members`] and the member events of `users` at `end`,
+/// in seq order: the state a lazy-loading read sends.
+pub async fn lazy_state(
+    state: &AppState,
+    view: &RoomView,
+    users: &[&str],
+    end: i64,
+) -> Result<Vec<StoredEvent>> {
+    let mut rows = state_without_members(state, view, end).await?.to_vec();
+    rows.extend(events::members_at(&state.db, view.room.room_id.as_str(), users, end).await?);
+    rows.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.event_id.cmp(&b.event_id)));
+    Ok(rows)
 }
 
 /// The floor below which nothing is returned: the room's own, the user's own,

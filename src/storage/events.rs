@@ -356,13 +356,24 @@ pub async fn by_id_tx(conn: &mut AnyConnection, event_id: &str) -> Result<Option
 }
 
 /// Marks `target` as redacted by `redaction` and takes its text out of the
-/// search index.
+/// search index. A state event's redaction moves the room's read epoch:
+/// what readers keep of the state (`room::cache`) is read again.
 pub async fn set_redacted_by(conn: &mut AnyConnection, target: &str, redaction: &str) -> Result<()> {
-    sqlx::query("UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL")
-        .bind(redaction)
+    let marked =
+        sqlx::query("UPDATE events SET redacted_by = $1 WHERE event_id = $2 AND redacted_by IS NULL")
+            .bind(redaction)
+            .bind(target)
+            .execute(&mut *conn)
+            .await?;
+    if marked.rows_affected() > 0 {
+        sqlx::query(
+            "UPDATE rooms SET read_epoch = read_epoch + 1 \
+             WHERE room_id = (SELECT room_id FROM events WHERE event_id = $1 AND state_key IS NOT NULL)",
+        )
         .bind(target)
         .execute(&mut *conn)
         .await?;
+    }
     super::tally::recheck(conn, target).await?;
     super::search::unindex(conn, target).await
 }

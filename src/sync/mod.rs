@@ -738,7 +738,7 @@ async fn state_section(
             wanted.push(me.user_id.as_str());
             wanted.sort_unstable();
             wanted.dedup();
-            events::lazy_state_at(&state.db, room_id, &wanted, at).await?
+            read::lazy_state(state, view, &wanted, at).await?
         }
         None => events::state_at(&state.db, room_id, at).await?,
     };

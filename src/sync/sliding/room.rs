@@ -389,7 +389,7 @@ async fn required_state(
         if wanted.all_members() {
             events::state_at(&state.db, room_id, end).await?
         } else {
-            events::lazy_state_at(&state.db, room_id, &wanted.members(), end).await?
+            read::lazy_state(state, view, &wanted.members(), end).await?
         }
     } else {
         let mut rows = changed.to_vec();
