@@ -786,6 +786,34 @@ async fn lazy_load_members_sends_only_the_timeline_senders(backend: Backend) {
     };
     assert_eq!(others(state), others(&current));
 
+    // The state and members read above are kept for the syncs that follow;
+    // a new topic and Bob's new name reach the next first sync all the same.
+    let (status, body) = server
+        .put(&room_path(&room, "/state/m.room.topic/"), Some(&alice.token), json!({ "topic": "new" }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server
+        .put(
+            &room_path(&room, &format!("/state/m.room.member/{}", enc(&bob.user_id))),
+            Some(&bob.token),
+            json!({ "membership": "join", "displayname": "Bobby" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let b2 = send_text(&server, &bob, &room, "b2", "bob renamed").await;
+    let c1 = send_text(&server, &carol, &room, "c1", "carol again").await;
+    let b3 = send_text(&server, &bob, &room, "b3", "bob once more").await;
+    let current = current_state(&server, &alice, &room).await;
+    let body = sync(&server, &dave, &filter_param(&lazy)).await;
+    let joined = room_in(&body, "join", &room);
+    assert_eq!(ids(timeline(joined)), vec![b2, c1, b3], "{body}");
+    let state = events(&joined["state"]);
+    let bobs = find(state, "m.room.member", &bob.user_id);
+    assert_eq!(bobs["content"]["displayname"], "Bobby", "{body}");
+    assert_eq!(bobs["event_id"], find(&current, "m.room.member", &bob.user_id)["event_id"], "{body}");
+    assert_eq!(find(state, "m.room.topic", "")["content"]["topic"], "new", "{body}");
+    assert_eq!(others(state), others(&current));
+
     // Without lazy loading: every member.
     let body = sync(&server, &dave, &filter_param(&json!({ "room": { "timeline": { "limit": 3 } } }))).await;
     let state = events(&room_in(&body, "join", &room)["state"]);

@@ -105,6 +105,26 @@ pub struct ReadCache {
     /// Rooms' rows kept between calls ([`super::read::kept_row`]),
     /// each with the stream position it was read at and when.
     rows: Mutex<HashMap<String, (i64, Instant, RoomRow)>>,
+    /// Member events read at a room's head ([`super::read::members_at`]),
+    /// by room and user: see [`KeptMember`].
+    members: Mutex<HashMap<(String, String), KeptMember>>,
+}
+
+/// Member events kept in all, before the whole map is dropped.
+const MAX_MEMBERS: usize = 20_000;
+
+/// A user's member event in a room as read at the head of the line (`at`,
+/// the room row's `last_seq`) in read epoch `epoch`, or that they had none.
+/// Any member event moves the epoch, so while it stands this is also the
+/// member event at any seq from `at` up to the head.
+#[derive(Debug, Clone)]
+pub struct KeptMember {
+    /// The read epoch it was read in.
+    pub epoch: i64,
+    /// The seq it was read at.
+    pub at: i64,
+    /// The event; `None`: the user had none.
+    pub event: Option<StoredEvent>,
 }
 
 impl ReadCache {
@@ -121,6 +141,33 @@ impl ReadCache {
             rows.clear();
         }
         rows.insert(row.room_id.clone(), (at, Instant::now(), row));
+    }
+
+    /// The member events of `users` in `room_id` kept for read epoch `epoch`
+    /// and valid at seq `end` (see [`KeptMember`]); `None` for a user with
+    /// nothing kept.
+    pub fn members(&self, room_id: &str, epoch: i64, end: i64, users: &[&str]) -> Vec<Option<KeptMember>> {
+        let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        users
+            .iter()
+            .map(|user| {
+                members
+                    .get(&(room_id.to_owned(), (*user).to_owned()))
+                    .filter(|k| k.epoch == epoch && k.at <= end)
+                    .cloned()
+            })
+            .collect()
+    }
+
+    /// Keeps member events read at `at`, the head of read epoch `epoch`.
+    pub fn put_members(&self, room_id: &str, epoch: i64, at: i64, read: Vec<(String, Option<StoredEvent>)>) {
+        let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        if members.len() + read.len() > MAX_MEMBERS {
+            members.clear();
+        }
+        for (user, event) in read {
+            members.insert((room_id.to_owned(), user), KeptMember { epoch, at, event });
+        }
     }
 
     /// The room's inputs, if they were worked out at `epoch`.
@@ -207,5 +254,39 @@ mod tests {
         cache.put_room("!r", 4, HvLine::default(), Some(1));
         assert!(cache.room("!r", 4).is_none());
         assert_eq!(cache.room("!r", 5).map(|r| r.max_lifetime), Some(None));
+    }
+
+    fn member(user: &str, seq: i64) -> StoredEvent {
+        StoredEvent {
+            room_id: "!r".into(),
+            seq,
+            event_id: format!("$join-{user}"),
+            json: "{}".into(),
+            redacted_by: None,
+            txn_device_id: None,
+            txn_id: None,
+            has_children: None,
+        }
+    }
+
+    /// A member event kept at a head serves reads of the same epoch at or
+    /// above that head, "has none" included; another epoch, a seq below
+    /// it, or a user never read find nothing kept.
+    #[test]
+    fn a_kept_member_serves_its_epoch_from_its_head_up() {
+        let cache = ReadCache::default();
+        cache.put_members("!r", 3, 100, vec![("@a".into(), Some(member("@a", 40))), ("@b".into(), None)]);
+        let at = |epoch, end| {
+            cache
+                .members("!r", epoch, end, &["@a", "@b", "@c"])
+                .into_iter()
+                .map(|k| k.map(|k| k.event.map(|e| e.event_id)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at(3, 100), vec![Some(Some("$join-@a".into())), Some(None), None]);
+        assert_eq!(at(3, 250), vec![Some(Some("$join-@a".into())), Some(None), None]);
+        assert_eq!(at(3, 99), vec![None, None, None], "below the head it was read at");
+        assert_eq!(at(4, 100), vec![None, None, None], "a moved epoch");
+        assert!(cache.members("!other", 3, 100, &["@a"])[0].is_none());
     }
 }

@@ -309,7 +309,7 @@ pub async fn members_for(
     users.sort_unstable();
     users.dedup();
     let mut out = Vec::with_capacity(users.len());
-    for stored in events::members_at(&state.db, &view.room.room_id, &users, horizon).await? {
+    for stored in read::members_at(state, view, &users, horizon).await? {
         out.push(read::load(state, stored).await?);
     }
     Ok(out)

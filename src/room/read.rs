@@ -250,9 +250,56 @@ pub async fn lazy_state(
     end: i64,
 ) -> Result<Vec<StoredEvent>> {
     let mut rows = state_without_members(state, view, end).await?.to_vec();
-    rows.extend(events::members_at(&state.db, view.room.room_id.as_str(), users, end).await?);
+    rows.extend(members_at(state, view, users, end).await?);
     rows.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.event_id.cmp(&b.event_id)));
     Ok(rows)
+}
+
+/// The member events of `users` at seq `end` (those that have one), in seq
+/// order. Those read at the head are kept for later reads in the same read
+/// epoch (see [`super::cache::KeptMember`]): the senders of a timeline, and
+/// the reader, are read once, not by every sync that shows them.
+pub async fn members_at(
+    state: &AppState,
+    view: &RoomView,
+    users: &[&str],
+    end: i64,
+) -> Result<Vec<StoredEvent>> {
+    let room_id = view.room.room_id.as_str();
+    let (epoch, head) = (view.room.read_epoch, view.room.last_seq);
+    let mut out = Vec::with_capacity(users.len());
+    let mut missing = Vec::new();
+    if end <= head {
+        for (user, kept) in users.iter().zip(state.read_cache.members(room_id, epoch, end, users)) {
+            match kept {
+                Some(kept) => out.extend(kept.event),
+                None => missing.push(*user),
+            }
+        }
+    } else {
+        missing.extend_from_slice(users);
+    }
+    if !missing.is_empty() {
+        let read = events::members_at(&state.db, room_id, &missing, end).await?;
+        if end == head {
+            let found = missing
+                .iter()
+                .map(|user| {
+                    let event = read.iter().find(|e| member_key_of(e).as_deref() == Some(*user)).cloned();
+                    ((*user).to_owned(), event)
+                })
+                .collect();
+            state.read_cache.put_members(room_id, epoch, head, found);
+        }
+        out.extend(read);
+    }
+    out.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.event_id.cmp(&b.event_id)));
+    Ok(out)
+}
+
+/// The state key of a member event as stored.
+fn member_key_of(stored: &StoredEvent) -> Option<String> {
+    Pdu::from_stored(&stored.event_id, &stored.json).ok().and_then(|p| p.state_key)
 }
 
 /// The floor below which nothing is returned: the room's own, the user's own,

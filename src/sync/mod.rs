@@ -726,7 +726,7 @@ async fn state_section(
                 wanted.dedup();
                 wanted.retain(|user| !rows.iter().any(|r| member_key(r).as_deref() == Some(*user)));
                 if !wanted.is_empty() {
-                    rows.extend(events::members_at(&state.db, room_id, &wanted, at).await?);
+                    rows.extend(read::members_at(state, view, &wanted, at).await?);
                     rows.sort_by_key(|e| e.seq);
                 }
             }

@@ -315,10 +315,7 @@ pub async fn build(
         out.insert("joined_count".into(), json!(summary.joined));
         out.insert("invited_count".into(), json!(summary.invited));
         if !summary.named {
-            out.insert(
-                "heroes".into(),
-                json!(heroes(state, room_id, &summary.first_members, me, end).await?),
-            );
+            out.insert("heroes".into(), json!(heroes(state, view, &summary.first_members, me, end).await?));
         }
     }
 
@@ -396,7 +393,7 @@ async fn required_state(
         // The timeline's senders, whatever changed ($LAZY).
         let lazy: Vec<&str> = wanted.lazy.iter().map(String::as_str).collect();
         if !lazy.is_empty() && wanted.pairs.iter().any(|(t, k)| t == "m.room.member" && k == "$LAZY") {
-            for member in events::members_at(&state.db, room_id, &lazy, end).await? {
+            for member in read::members_at(state, view, &lazy, end).await? {
                 if !rows.iter().any(|r| r.event_id == member.event_id) {
                     rows.push(member);
                 }
@@ -420,18 +417,15 @@ async fn required_state(
 /// display name and avatar of their member event (one read for all).
 async fn heroes(
     state: &AppState,
-    room_id: &str,
+    view: &RoomView,
     first: &[String],
     me: &Requester,
     at: i64,
 ) -> Result<Vec<Value>> {
     let users: Vec<&str> =
         first.iter().map(String::as_str).filter(|u| *u != me.user_id.as_str()).take(5).collect();
-    let events = if users.is_empty() {
-        Vec::new()
-    } else {
-        events::members_at(&state.db, room_id, &users, at).await?
-    };
+    let events =
+        if users.is_empty() { Vec::new() } else { read::members_at(state, view, &users, at).await? };
     let content_of = |user: &str| -> Value {
         events
             .iter()
