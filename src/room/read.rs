@@ -282,18 +282,19 @@ pub async fn members_at(
     if !missing.is_empty() {
         let read = events::members_at(&state.db, room_id, &missing, end).await?;
         if end == head {
+            let by_user: std::collections::HashMap<String, &StoredEvent> =
+                read.iter().filter_map(|e| member_key_of(e).map(|user| (user, e))).collect();
             let found = missing
                 .iter()
-                .map(|user| {
-                    let event = read.iter().find(|e| member_key_of(e).as_deref() == Some(*user)).cloned();
-                    ((*user).to_owned(), event)
-                })
+                .map(|user| ((*user).to_owned(), by_user.get(*user).map(|e| (*e).clone())))
                 .collect();
             state.read_cache.put_members(room_id, epoch, head, found);
         }
         out.extend(read);
     }
     out.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.event_id.cmp(&b.event_id)));
+    // A user named twice is sent once.
+    out.dedup_by(|a, b| a.event_id == b.event_id);
     Ok(out)
 }
 
