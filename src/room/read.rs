@@ -283,7 +283,7 @@ pub async fn members_at(
         let read = events::members_at(&state.db, room_id, &missing, end).await?;
         if end == head {
             let by_user: std::collections::HashMap<String, &StoredEvent> =
-                read.iter().filter_map(|e| member_key_of(e).map(|user| (user, e))).collect();
+                read.iter().filter_map(|e| member_key(e).map(|user| (user, e))).collect();
             let found = missing
                 .iter()
                 .map(|user| ((*user).to_owned(), by_user.get(*user).map(|e| (*e).clone())))
@@ -298,9 +298,10 @@ pub async fn members_at(
     Ok(out)
 }
 
-/// The state key of a member event as stored.
-fn member_key_of(stored: &StoredEvent) -> Option<String> {
-    Pdu::from_stored(&stored.event_id, &stored.json).ok().and_then(|p| p.state_key)
+/// The user a member event as stored is about (`None`: not a member event).
+pub fn member_key(stored: &StoredEvent) -> Option<String> {
+    let pdu = Pdu::from_stored(&stored.event_id, &stored.json).ok()?;
+    (pdu.kind.to_string() == "m.room.member").then_some(pdu.state_key).flatten()
 }
 
 /// The floor below which nothing is returned: the room's own, the user's own,

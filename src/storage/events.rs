@@ -661,24 +661,6 @@ pub async fn state_at_without_members(db: &Db, room_id: &str, at: i64) -> Result
     state_at_sql(db, room_id, at, sql::state_at_without_members()).await
 }
 
-/// [`state_at_without_members`] and [`members_at`] of `users`, in one query
-/// when `users` fit in one, in seq order.
-pub async fn lazy_state_at(db: &Db, room_id: &str, users: &[&str], at: i64) -> Result<Vec<StoredEvent>> {
-    if users.is_empty() || users.len() > super::outliers::IDS_PER_QUERY {
-        let mut rows = state_at_without_members(db, room_id, at).await?;
-        rows.extend(members_at(db, room_id, users, at).await?);
-        rows.sort_by_key(|e| e.seq);
-        return Ok(rows);
-    }
-    let mut query = sqlx::query_as::<_, RunRow>(sqlx::AssertSqlSafe(sql::lazy_state_at(users.len())))
-        .bind(room_id)
-        .bind(at);
-    for user in users {
-        query = query.bind(*user);
-    }
-    Ok(query.fetch_all(&mut db.reader()).await?.into_iter().filter_map(from_run_row).collect())
-}
-
 /// Runs a [`sql::state_at`] query.
 async fn state_at_sql(db: &Db, room_id: &str, at: i64, sql: String) -> Result<Vec<StoredEvent>> {
     let rows: Vec<RunRow> =
@@ -765,19 +747,6 @@ pub(super) mod sql {
     /// [`super::state_at_without_members`]: $1 room, $2 seq.
     pub(in crate::storage) fn state_at_without_members() -> String {
         state_at_from(NON_MEMBER_KEYS, "")
-    }
-
-    /// [`super::lazy_state_at`] of `users` users: $1 room, $2 seq, $3... users.
-    pub(in crate::storage) fn lazy_state_at(users: usize) -> String {
-        let members = format!(
-            "AND s.event_type = 'm.room.member' AND s.state_key IN ({})",
-            super::super::params(3, users)
-        );
-        format!(
-            "SELECT * FROM ({}) a UNION ALL SELECT * FROM ({}) b ORDER BY 2, 3",
-            state_at_without_members(),
-            state_at(&members)
-        )
     }
 
     /// [`super::unread_candidates`]: $1 room, $2 lo, $3 hi, $4 the user, $5 limit.

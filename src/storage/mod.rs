@@ -504,7 +504,6 @@ mod tests {
         let (db, dir) = scratch_db("plans-members").await;
         let cases = [
             (events::sql::state_at_without_members(), 2, vec![]),
-            (events::sql::lazy_state_at(3), 5, vec![]),
             (events::sql::unread_candidates(true), 5, vec!["events_not_members", "events_members_by_target"]),
         ];
         for (sql, params, must_use) in cases {

@@ -258,12 +258,6 @@ struct Reuse<'a> {
     moved: crate::streams::Moved,
 }
 
-/// The state key of a stored member event (`None` for other events).
-fn member_key(stored: &events::StoredEvent) -> Option<String> {
-    let pdu = crate::room::pdu::Pdu::from_stored(&stored.event_id, &stored.json).ok()?;
-    (pdu.kind.to_string() == "m.room.member").then_some(pdu.state_key).flatten()
-}
-
 /// The user and everyone joined to a room with them now.
 pub async fn room_peers(state: &AppState, me: &UserId) -> Result<Vec<String>> {
     events::room_peers(&state.db, me.as_str()).await
@@ -724,7 +718,7 @@ async fn state_section(
                 let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
                 wanted.sort_unstable();
                 wanted.dedup();
-                wanted.retain(|user| !rows.iter().any(|r| member_key(r).as_deref() == Some(*user)));
+                wanted.retain(|user| !rows.iter().any(|r| read::member_key(r).as_deref() == Some(*user)));
                 if !wanted.is_empty() {
                     rows.extend(read::members_at(state, view, &wanted, at).await?);
                     rows.sort_by_key(|e| e.seq);
