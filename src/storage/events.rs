@@ -290,6 +290,16 @@ pub async fn current_state_event(
     event_type: &str,
     state_key: &str,
 ) -> Result<Option<StoredEvent>> {
+    current_state_event_on(conn, room_id, event_type, state_key).await
+}
+
+/// [`current_state_event`] on any executor.
+async fn current_state_event_on<'c, E: sqlx::Executor<'c, Database = sqlx::Any>>(
+    conn: E,
+    room_id: &str,
+    event_type: &str,
+    state_key: &str,
+) -> Result<Option<StoredEvent>> {
     let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {RUN_COLUMNS} FROM room_state r {RUN_JOINS} \
          WHERE r.room_id = $1 AND r.event_type = $2 AND r.state_key = $3"
@@ -335,18 +345,24 @@ pub async fn state_event(
     event_type: &str,
     state_key: &str,
 ) -> Result<Option<StoredEvent>> {
-    let mut conn = db.read_conn().await?;
-    current_state_event(conn.conn(), room_id, event_type, state_key).await
+    current_state_event_on(&mut db.reader(), room_id, event_type, state_key).await
 }
 
 /// One event by id.
 pub async fn by_id(db: &Db, event_id: &str) -> Result<Option<StoredEvent>> {
-    let mut conn = db.read_conn().await?;
-    by_id_tx(conn.conn(), event_id).await
+    by_id_on(&mut db.reader(), event_id).await
 }
 
 /// One event by id, inside a transaction.
 pub async fn by_id_tx(conn: &mut AnyConnection, event_id: &str) -> Result<Option<StoredEvent>> {
+    by_id_on(conn, event_id).await
+}
+
+/// [`by_id`] on any executor.
+async fn by_id_on<'c, E: sqlx::Executor<'c, Database = sqlx::Any>>(
+    conn: E,
+    event_id: &str,
+) -> Result<Option<StoredEvent>> {
     let row: Option<Row> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM events e WHERE e.event_id = $1")))
             .bind(event_id)

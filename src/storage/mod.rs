@@ -13,6 +13,7 @@ pub mod backfill;
 pub mod backup;
 pub mod dag;
 pub mod devices;
+mod direct;
 pub mod events;
 pub mod federation;
 pub mod keys;
@@ -65,6 +66,9 @@ pub struct Db {
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
     /// Permits for connections held through a burst of reads ([`Db::pinned`]).
     pins: Arc<tokio::sync::Semaphore>,
+    /// SQLite in a file: reads of [`Db::reader`] run on these, on the
+    /// calling thread ([`direct`]).
+    direct: Option<Arc<direct::Readers>>,
     /// SQLite: the task that checkpoints the WAL, stopped with the last handle.
     _checkpointer: Option<Arc<AbortOnDrop>>,
     /// The hour (since the epoch) in which old inbound transaction answers
@@ -294,8 +298,19 @@ impl Db {
             .then(|| Arc::new(spawn_checkpointer(pool.clone(), sqlite_writer.clone())));
         let pins = reader::pins_for(max_connections);
         let inbound_pruned_hour = Arc::new(std::sync::atomic::AtomicI64::new(-1));
-        let db =
-            Self { pool, backend, sqlite_writer, pins, _checkpointer: checkpointer, inbound_pruned_hour };
+        let direct = match backend {
+            Backend::Sqlite => direct::Readers::for_url(&url),
+            Backend::Postgres => None,
+        };
+        let db = Self {
+            pool,
+            backend,
+            sqlite_writer,
+            pins,
+            direct,
+            _checkpointer: checkpointer,
+            inbound_pruned_hour,
+        };
         db.migrate(last).await?;
         Ok(db)
     }
@@ -371,6 +386,9 @@ impl Db {
 
     /// Closes every connection; SQLite checkpoints its WAL on the last close.
     pub async fn close(&self) {
+        if let Some(direct) = &self.direct {
+            direct.close();
+        }
         self.pool.close().await;
     }
 }
@@ -572,10 +590,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("seqline.db");
         let db = Db::connect(&format!("sqlite://{}", path.display()), SqliteSynchronous::Full).await.unwrap();
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut db.reader()).await.unwrap();
+        // The pool's connections make the commits (direct readers only read).
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&db.pool).await.unwrap();
         assert_eq!(sync, 2, "PRAGMA synchronous = FULL");
-        let auto: i64 =
-            sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&mut db.reader()).await.unwrap();
+        let auto: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&db.pool).await.unwrap();
         assert_eq!(auto, 0, "commits must not checkpoint");
         sqlx::query("CREATE TABLE probe (v TEXT)").execute(&db.pool).await.unwrap();
         sqlx::query("INSERT INTO probe (v) VALUES ('checkpointed')").execute(&db.pool).await.unwrap();

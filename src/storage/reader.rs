@@ -1,6 +1,7 @@
 //! Reads on one held connection: [`Db::pinned`] checks a connection out
 //! for a burst of reads (a `/sync` pass), and [`Db::reader`] runs each
-//! statement of that task on it, or on the pool outside such a burst.
+//! statement of that task on it, or outside such a burst on a direct SQLite
+//! reader ([`super::direct`]) or the pool.
 //!
 //! Why: sqlx checks a connection out of the pool for every statement run
 //! on the pool, and on its return pings it: on SQLite a second round trip
@@ -16,9 +17,10 @@ use futures_core::stream::BoxStream;
 use sqlx::any::{AnyQueryResult, AnyRow, AnyStatement, AnyTypeInfo};
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, AnyPool, Either, Execute, Executor, SqlStr};
-use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
+use tokio::sync::{OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit};
 
 use super::Db;
+use super::direct::{DirectConn, Ready};
 use crate::error::Result;
 
 /// Connections of the pool that pinned bursts leave to everyone else, so
@@ -26,9 +28,19 @@ use crate::error::Result;
 /// finds one: a burst never waits on another burst.
 const LEFT_TO_THE_POOL: usize = 2;
 
+/// The connection a burst holds: a pooled one, or on SQLite a direct one
+/// (see [`super::direct`]).
+#[derive(Debug)]
+pub enum Held {
+    /// Checked out of the pool.
+    Pooled(PoolConnection<Any>),
+    /// A direct SQLite reader.
+    Direct(DirectConn),
+}
+
 /// The connection a task holds for its reads, and the permit it holds it by.
 struct Pin {
-    conn: Arc<tokio::sync::Mutex<PoolConnection<Any>>>,
+    conn: Arc<tokio::sync::Mutex<Held>>,
     permit: OwnedSemaphorePermit,
 }
 
@@ -50,10 +62,10 @@ pub(super) fn pins_for(max_connections: u32) -> Arc<tokio::sync::Semaphore> {
 }
 
 impl Db {
-    /// Runs `f` with one pooled connection held for the reads it makes
-    /// through [`Db::reader`]: one checkout and one release for the whole
-    /// burst. Runs `f` on the pool as usual when most connections are held
-    /// so already, or when this task holds one of this database already.
+    /// Runs `f` with one connection held for the reads it makes through
+    /// [`Db::reader`]: one checkout and one release for the whole burst.
+    /// Runs `f` as usual when most connections are held so already, or
+    /// when this task holds one of this database already.
     /// Hold a connection only for reads run back to back, never across a
     /// wait for something else (a long-poll waits outside it).
     pub async fn pinned<F: Future>(&self, f: F) -> Result<F::Output> {
@@ -63,26 +75,54 @@ impl Db {
         let Ok(permit) = self.pins.clone().try_acquire_owned() else {
             return Ok(f.await);
         };
-        let conn = self.pool.acquire().await?;
-        let pin = Pin { conn: Arc::new(tokio::sync::Mutex::new(conn)), permit };
+        let held = match &self.direct {
+            Some(readers) => Held::Direct(readers.get()?),
+            None => Held::Pooled(self.pool.acquire().await?),
+        };
+        let pin = Pin { conn: Arc::new(tokio::sync::Mutex::new(held)), permit };
         Ok(PINNED.scope(pin, f).await)
     }
 
-    /// Where to run a read: the connection this task holds (see
-    /// [`Db::pinned`]) when it is free, else the pool. Pass it as
-    /// `&mut db.reader()` where sqlx wants an executor.
-    pub fn reader(&self) -> Reader<'_> {
-        let held = PINNED.try_with(|p| if p.of(self) { p.conn.clone().try_lock_owned().ok() } else { None });
-        held.ok().flatten().map_or(Reader::Pool(&self.pool), Reader::Held)
+    /// The connection this task holds (see [`Db::pinned`]) when it is free.
+    fn held(&self) -> Option<OwnedMutexGuard<Held>> {
+        PINNED
+            .try_with(|p| if p.of(self) { p.conn.clone().try_lock_owned().ok() } else { None })
+            .ok()
+            .flatten()
     }
 
-    /// A connection for reads that take one (`&mut AnyConnection`): the one
-    /// this task holds (see [`Db::pinned`]) when it is free, else one
-    /// checked out of the pool.
+    /// Where to run a read: the connection this task holds (see
+    /// [`Db::pinned`]) when it is free, else a direct SQLite reader, else
+    /// the pool. Pass it as `&mut db.reader()` where sqlx wants an executor.
+    pub fn reader(&self) -> Reader<'_> {
+        let on = match self.held() {
+            Some(guard) => On::Held(guard),
+            None => match self.direct.as_ref().map(|readers| readers.get()) {
+                Some(Ok(conn)) => On::Direct(conn),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "no direct SQLite reader; reading on the pool");
+                    On::Pool
+                }
+                None => On::Pool,
+            },
+        };
+        Reader { pool: &self.pool, on }
+    }
+
+    /// A connection for reads that take one (`&mut AnyConnection`): the
+    /// pooled one this task holds (see [`Db::pinned`]) when it is free,
+    /// else one checked out of the pool.
     pub async fn read_conn(&self) -> Result<ReadConn> {
-        Ok(match self.reader() {
-            Reader::Held(guard) => ReadConn::Held(guard),
-            Reader::Pool(pool) => ReadConn::Pooled(pool.acquire().await?),
+        let held = self.held().and_then(|guard| {
+            OwnedMutexGuard::try_map(guard, |held| match held {
+                Held::Pooled(conn) => Some(conn),
+                Held::Direct(_) => None,
+            })
+            .ok()
+        });
+        Ok(match held {
+            Some(guard) => ReadConn::Held(guard),
+            None => ReadConn::Pooled(self.pool.acquire().await?),
         })
     }
 }
@@ -93,7 +133,7 @@ pub enum ReadConn {
     /// Checked out for this read.
     Pooled(PoolConnection<Any>),
     /// The connection the task holds.
-    Held(OwnedMutexGuard<PoolConnection<Any>>),
+    Held(OwnedMappedMutexGuard<Held, PoolConnection<Any>>),
 }
 
 impl ReadConn {
@@ -108,24 +148,71 @@ impl ReadConn {
 
 /// A read's executor: see [`Db::reader`].
 #[derive(Debug)]
-pub enum Reader<'a> {
-    /// A connection checked out for this statement alone.
-    Pool(&'a AnyPool),
-    /// The connection the task holds.
-    Held(OwnedMutexGuard<PoolConnection<Any>>),
+pub struct Reader<'a> {
+    /// The pool, also for what a direct reader does not run.
+    pool: &'a AnyPool,
+    on: On,
 }
 
-/// Calls an [`Executor`] method on whichever a [`Reader`] holds.
-macro_rules! on_either {
-    ($reader:expr, $method:ident($($arg:expr),*)) => {
-        match $reader {
-            Reader::Pool(pool) => pool.$method($($arg),*),
-            Reader::Held(conn) => held(conn).$method($($arg),*),
+/// Where a [`Reader`] runs its statement.
+#[derive(Debug)]
+enum On {
+    /// A connection checked out of the pool for this statement alone.
+    Pool,
+    /// The connection the task holds.
+    Held(OwnedMutexGuard<Held>),
+    /// A direct SQLite reader checked out for this statement alone.
+    Direct(DirectConn),
+}
+
+impl Reader<'_> {
+    /// The direct reader this runs on, if it does.
+    fn direct(&self) -> Option<&DirectConn> {
+        match &self.on {
+            On::Direct(conn) => Some(conn),
+            On::Held(guard) => match &**guard {
+                Held::Direct(conn) => Some(conn),
+                Held::Pooled(_) => None,
+            },
+            On::Pool => None,
         }
-    };
+    }
+
+    /// The pooled connection the task holds, if this runs on it.
+    fn held_pooled(&mut self) -> Option<&mut AnyConnection> {
+        match &mut self.on {
+            On::Held(guard) => match &mut **guard {
+                Held::Pooled(conn) => Some(conn),
+                Held::Direct(_) => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 type BoxFuture<'e, T> = StdPin<Box<dyn Future<Output = T> + Send + 'e>>;
+
+/// A direct read of `query` (at most `limit` rows), or the query back with
+/// its parts when it must run on the pool (several statements).
+fn run_direct<'q, E: Execute<'q, Any>>(
+    conn: &DirectConn,
+    mut query: E,
+    limit: Option<usize>,
+) -> std::result::Result<
+    std::result::Result<super::direct::Items, sqlx::Error>,
+    (SqlStr, Option<sqlx::any::AnyArguments>),
+> {
+    let args = match query.take_arguments() {
+        Ok(args) => args,
+        Err(e) => return Ok(Err(sqlx::Error::Encode(e))),
+    };
+    let sql = query.sql();
+    match conn.run(sql.as_str(), args.as_ref(), limit) {
+        Ok(Some(items)) => Ok(Ok(items)),
+        Ok(None) => Err((sql, args)),
+        Err(e) => Ok(Err(e)),
+    }
+}
 
 impl<'c> Executor<'c> for &'c mut Reader<'_> {
     type Database = Any;
@@ -138,7 +225,17 @@ impl<'c> Executor<'c> for &'c mut Reader<'_> {
         'c: 'e,
         E: 'q + Execute<'q, Any>,
     {
-        on_either!(self, fetch_many(query))
+        let pool = self.pool;
+        if let Some(conn) = self.direct() {
+            return match run_direct(conn, query, None) {
+                Ok(result) => Box::pin(Ready::of(result)),
+                Err((sql, args)) => pool.fetch_many(sqlx::query_with(sql, args.unwrap_or_default())),
+            };
+        }
+        match self.held_pooled() {
+            Some(conn) => conn.fetch_many(query),
+            None => pool.fetch_many(query),
+        }
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -149,7 +246,20 @@ impl<'c> Executor<'c> for &'c mut Reader<'_> {
         'c: 'e,
         E: 'q + Execute<'q, Any>,
     {
-        on_either!(self, fetch_optional(query))
+        let pool = self.pool;
+        if let Some(conn) = self.direct() {
+            return match run_direct(conn, query, Some(1)) {
+                Ok(result) => {
+                    let row = result.map(|items| items.into_iter().find_map(|item| item.right()));
+                    Box::pin(std::future::ready(row))
+                }
+                Err((sql, args)) => pool.fetch_optional(sqlx::query_with(sql, args.unwrap_or_default())),
+            };
+        }
+        match self.held_pooled() {
+            Some(conn) => conn.fetch_optional(query),
+            None => pool.fetch_optional(query),
+        }
     }
 
     fn prepare_with<'e>(
@@ -160,13 +270,12 @@ impl<'c> Executor<'c> for &'c mut Reader<'_> {
     where
         'c: 'e,
     {
-        on_either!(self, prepare_with(sql, parameters))
+        let pool = self.pool;
+        match self.held_pooled() {
+            Some(conn) => conn.prepare_with(sql, parameters),
+            None => pool.prepare_with(sql, parameters),
+        }
     }
-}
-
-/// The connection behind a held guard.
-fn held(guard: &mut OwnedMutexGuard<PoolConnection<Any>>) -> &mut AnyConnection {
-    guard
 }
 
 #[cfg(test)]
@@ -177,39 +286,109 @@ mod tests {
         crate::storage::tests::scratch_db(&format!("reader-{name}")).await
     }
 
-    async fn count(db: &Db) -> std::result::Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT COUNT(*) FROM temp.marks").fetch_one(&mut db.reader()).await
+    async fn cache_size(db: &Db) -> std::result::Result<i64, sqlx::Error> {
+        sqlx::query_scalar("PRAGMA cache_size").fetch_one(&mut db.reader()).await
     }
 
     async fn one(db: &Db) -> std::result::Result<i64, sqlx::Error> {
         sqlx::query_scalar("SELECT 1").fetch_one(&mut db.reader()).await
     }
 
-    /// Inside a burst every read runs on the held connection: a temporary
-    /// table (one connection's own) made by the first is seen by the rest.
-    /// Outside, reads go to the pool again.
+    /// Inside a burst every read runs on the held connection: a setting
+    /// (one connection's own) made by the first is seen by the rest.
+    /// Outside, reads check a direct reader out each.
     #[tokio::test]
     async fn a_burst_reads_on_one_connection() {
         let (db, dir) = fresh("one").await;
         db.pinned(async {
-            sqlx::query("CREATE TEMP TABLE marks (x INTEGER)").execute(&mut db.reader()).await.unwrap();
-            sqlx::query("INSERT INTO temp.marks VALUES (1)").execute(&mut db.reader()).await.unwrap();
+            sqlx::query("PRAGMA cache_size = -4321").execute(&mut db.reader()).await.unwrap();
             for _ in 0..20 {
-                assert_eq!(count(&db).await.unwrap(), 1);
+                assert_eq!(cache_size(&db).await.unwrap(), -4321);
             }
-            // A read while the held connection is busy runs on the pool
-            // (which cannot see the held connection's table) instead of
-            // waiting for it.
+            // A read while the held connection is busy runs on another
+            // (which has its own setting) instead of waiting for it.
             let busy = db.reader();
-            assert!(matches!(busy, Reader::Held(_)));
-            let other = count(&db).await;
-            assert!(other.is_err(), "{other:?}");
+            assert!(matches!(busy.on, On::Held(_)));
+            assert_ne!(cache_size(&db).await.unwrap(), -4321);
             drop(busy);
-            assert_eq!(count(&db).await.unwrap(), 1);
+            assert_eq!(cache_size(&db).await.unwrap(), -4321);
         })
         .await
         .unwrap();
-        assert!(matches!(db.reader(), Reader::Pool(_)));
+        assert!(db.held().is_none());
+        assert!(matches!(db.reader().on, On::Direct(_)));
+        db.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A direct read gives what the pool gives for the same statement:
+    /// every kind of value (also NULL and non-ASCII text), parameters
+    /// named out of order and repeated, a row limit, and no row.
+    #[tokio::test]
+    async fn a_direct_read_gives_the_pools_rows() {
+        let (db, dir) = fresh("same").await;
+        sqlx::query("CREATE TABLE kinds (i INTEGER, r REAL, t TEXT, b BLOB, n TEXT)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        for (i, t) in [(1_i64, "één"), (2, "two"), (i64::MAX, "")] {
+            sqlx::query("INSERT INTO kinds (i, r, t, b, n) VALUES ($1, $2, $3, $4, NULL)")
+                .bind(i)
+                .bind(i as f64 / 4.0)
+                .bind(t)
+                .bind(vec![0_u8, 255, i as u8])
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        type Kinds = (i64, f64, String, Vec<u8>, Option<String>);
+        let sql = "SELECT i, r, t, b, n FROM kinds WHERE i >= $2 AND t <> $1 AND i <> $2 + 100 ORDER BY i";
+        let on_pool: Vec<Kinds> =
+            sqlx::query_as(sql).bind("two").bind(1_i64).fetch_all(&db.pool).await.unwrap();
+        let mut reader = db.reader();
+        assert!(matches!(reader.on, On::Direct(_)));
+        let direct: Vec<Kinds> =
+            sqlx::query_as(sql).bind("two").bind(1_i64).fetch_all(&mut reader).await.unwrap();
+        assert_eq!(direct, on_pool);
+        assert_eq!(direct.iter().map(|k| k.0).collect::<Vec<_>>(), vec![1, i64::MAX]);
+        assert_eq!(direct[0].2, "één");
+        let first: Option<Kinds> =
+            sqlx::query_as(sql).bind("none").bind(0_i64).fetch_optional(&mut db.reader()).await.unwrap();
+        assert_eq!(first.map(|k| k.0), Some(1));
+        let none: Option<i64> = sqlx::query_scalar("SELECT i FROM kinds WHERE i = $1")
+            .bind(7_i64)
+            .fetch_optional(&mut db.reader())
+            .await
+            .unwrap();
+        assert_eq!(none, None);
+        db.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A direct reader sees every commit made before it reads, cannot
+    /// write (the one writer does), and hands a text of several statements
+    /// to the pool.
+    #[tokio::test]
+    async fn a_direct_reader_sees_commits_and_never_writes() {
+        let (db, dir) = fresh("writes").await;
+        sqlx::query("CREATE TABLE seen (v INTEGER)").execute(&db.pool).await.unwrap();
+        db.pinned(async {
+            for v in 1..=3_i64 {
+                sqlx::query("INSERT INTO seen (v) VALUES ($1)").bind(v).execute(&db.pool).await.unwrap();
+                let max: i64 =
+                    sqlx::query_scalar("SELECT MAX(v) FROM seen").fetch_one(&mut db.reader()).await.unwrap();
+                assert_eq!(max, v);
+            }
+            let write = sqlx::query("DELETE FROM seen").execute(&mut db.reader()).await;
+            assert!(write.is_err(), "{write:?}");
+        })
+        .await
+        .unwrap();
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM seen").fetch_one(&db.pool).await.unwrap();
+        assert_eq!(count, 3);
+        let both: Vec<i64> =
+            sqlx::query_scalar("SELECT 1; SELECT 2").fetch_all(&mut db.reader()).await.unwrap();
+        assert_eq!(both, vec![1, 2]);
         db.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -248,6 +248,10 @@ fn is_empty(q: &Query<'_>) -> bool {
 }
 
 /// Up to `limit` matches from `offset` in `order`.
+///
+/// Searches read on the pool, not a direct reader (`storage::direct`): a
+/// common word's matches may take long to rank and count, and they wait on
+/// a connection's own thread, not on the thread serving other requests.
 pub async fn page(db: &Db, q: &Query<'_>, order: Order, offset: i64, limit: i64) -> Result<Vec<Hit>> {
     if is_empty(q) {
         return Ok(Vec::new());
@@ -261,9 +265,7 @@ pub async fn page(db: &Db, q: &Query<'_>, order: Order, offset: i64, limit: i64)
         order_by(order)
     );
     let rows: Vec<(String, String, i64, f64, String)> =
-        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds)
-            .fetch_all(&mut db.reader())
-            .await?;
+        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds).fetch_all(&db.pool).await?;
     Ok(rows
         .into_iter()
         .map(|(event_id, room_id, seq, rank, body)| Hit { event_id, room_id, seq, rank, body })
@@ -277,9 +279,8 @@ pub async fn count(db: &Db, q: &Query<'_>) -> Result<i64> {
     }
     let sql = build(db.backend, q);
     let text = format!("SELECT COUNT(*) {}", sql.from_where);
-    let (n,): (i64,) = bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds)
-        .fetch_one(&mut db.reader())
-        .await?;
+    let (n,): (i64,) =
+        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds).fetch_one(&db.pool).await?;
     Ok(n)
 }
 
@@ -310,8 +311,7 @@ pub async fn group_counts(
         }
         None => format!("SELECT {col}, COUNT(*) {} GROUP BY {col}", sql.from_where),
     };
-    let rows: Vec<(String, i64)> = bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds)
-        .fetch_all(&mut db.reader())
-        .await?;
+    let rows: Vec<(String, i64)> =
+        bind_all_as(sqlx::query_as(sqlx::AssertSqlSafe(text)), &sql.binds).fetch_all(&db.pool).await?;
     Ok(rows)
 }
