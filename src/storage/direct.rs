@@ -40,6 +40,16 @@ const IDLE: usize = 16;
 /// a server makes, so each is prepared once per connection.
 const CACHED_STATEMENTS: usize = 512;
 
+/// Statements with more parameters than this have their parameters'
+/// arguments kept per connection: SQLite finds a parameter's name by a
+/// walk of the statement's list of names, so naming each of n parameters
+/// costs n² (an `IN` list of a thousand rooms: a million steps).
+const FEW_PARAMETERS: usize = 16;
+
+/// How many statements' parameter slots a connection keeps before it
+/// starts over.
+const KEPT_SLOTS: usize = 64;
+
 /// What a direct read gives: each row, then the statement's result, as
 /// sqlx's `fetch_many` does.
 pub(super) type Items = Vec<Either<AnyQueryResult, AnyRow>>;
@@ -47,7 +57,14 @@ pub(super) type Items = Vec<Either<AnyQueryResult, AnyRow>>;
 /// The direct connections of one database file.
 pub(super) struct Readers {
     path: PathBuf,
-    idle: Mutex<Vec<Connection>>,
+    idle: Mutex<Vec<Reading>>,
+}
+
+/// A reading connection, and which argument each parameter of its many-
+/// parameter statements takes (by the statement's text).
+struct Reading {
+    conn: Connection,
+    slots: std::collections::HashMap<String, Arc<[usize]>>,
 }
 
 impl std::fmt::Debug for Readers {
@@ -79,7 +96,7 @@ impl Readers {
         let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
         let conn = match idle {
             Some(conn) => conn,
-            None => open(&self.path).map_err(driver)?,
+            None => Reading { conn: open(&self.path).map_err(driver)?, slots: Default::default() },
         };
         Ok(DirectConn { conn: Some(conn), home: self.clone() })
     }
@@ -104,7 +121,7 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
 
 /// A direct connection checked out; back to the idle ones when dropped.
 pub struct DirectConn {
-    conn: Option<Connection>,
+    conn: Option<Reading>,
     home: Arc<Readers>,
 }
 
@@ -129,18 +146,30 @@ impl DirectConn {
     /// Runs `sql` with `args`, stopping after `limit` rows. `None` when
     /// `sql` holds several statements (run those on the pool).
     pub(super) fn run(
-        &self,
+        &mut self,
         sql: &str,
         args: Option<&AnyArguments>,
         limit: Option<usize>,
     ) -> Result<Option<Items>, sqlx::Error> {
-        let Some(conn) = self.conn.as_ref() else { return Ok(Some(Vec::new())) };
+        let Some(Reading { conn, slots }) = self.conn.as_mut() else { return Ok(Some(Vec::new())) };
         let mut stmt = match conn.prepare_cached(sql) {
             Ok(stmt) => stmt,
             Err(rusqlite::Error::MultipleStatement) => return Ok(None),
             Err(e) => return Err(driver(e)),
         };
-        bind(&mut stmt, args)?;
+        let taken: Arc<[usize]> = if stmt.parameter_count() <= FEW_PARAMETERS {
+            slots_of(&stmt)?.into()
+        } else if let Some(kept) = slots.get(sql) {
+            kept.clone()
+        } else {
+            let found: Arc<[usize]> = slots_of(&stmt)?.into();
+            if slots.len() >= KEPT_SLOTS {
+                slots.clear();
+            }
+            slots.insert(sql.to_owned(), found.clone());
+            found
+        };
+        bind(&mut stmt, &taken, args)?;
         let count = stmt.column_count();
         let mut names = sqlx_core::HashMap::with_capacity(count);
         let mut columns = Vec::with_capacity(count);
@@ -175,26 +204,38 @@ impl DirectConn {
     }
 }
 
-/// Binds `args` as sqlx's SQLite driver does: `$N` and `?N` name the Nth
-/// argument, a bare `?` the next one; parameters past the arguments given
-/// stay NULL.
-fn bind(stmt: &mut rusqlite::CachedStatement<'_>, args: Option<&AnyArguments>) -> Result<(), sqlx::Error> {
-    let values: &[AnyValueKind] = args.map_or(&[], |args| &args.values.0);
+/// Which argument (from 1) each parameter of `stmt` takes, as sqlx's
+/// SQLite driver reads them: `$N` and `?N` name the Nth argument, a bare
+/// `?` the next one.
+fn slots_of(stmt: &rusqlite::CachedStatement<'_>) -> Result<Vec<usize>, sqlx::Error> {
     let mut next = 0;
-    for param in 1..=stmt.parameter_count() {
-        let n = match stmt.parameter_name(param) {
+    (1..=stmt.parameter_count())
+        .map(|param| match stmt.parameter_name(param) {
             Some(name) => {
                 let digits = name.strip_prefix('$').or_else(|| name.strip_prefix('?'));
                 match digits.and_then(|d| d.parse::<usize>().ok()) {
-                    Some(n) if n > 0 => n,
-                    _ => return Err(sqlx::Error::Protocol(format!("unsupported SQL parameter: {name}"))),
+                    Some(n) if n > 0 => Ok(n),
+                    _ => Err(sqlx::Error::Protocol(format!("unsupported SQL parameter: {name}"))),
                 }
             }
             None => {
                 next += 1;
-                next
+                Ok(next)
             }
-        };
+        })
+        .collect()
+}
+
+/// Binds `args` to the parameters by their `slots` (see [`slots_of`]), as
+/// sqlx's SQLite driver does: parameters past the arguments given stay
+/// NULL.
+fn bind(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    slots: &[usize],
+    args: Option<&AnyArguments>,
+) -> Result<(), sqlx::Error> {
+    let values: &[AnyValueKind] = args.map_or(&[], |args| &args.values.0);
+    for (param, n) in (1..).zip(slots.iter().copied()) {
         let Some(value) = values.get(n - 1) else { break };
         let bound = match value {
             AnyValueKind::Null(_) => stmt.raw_bind_parameter(param, rusqlite::types::Null),

@@ -167,10 +167,10 @@ enum On {
 
 impl Reader<'_> {
     /// The direct reader this runs on, if it does.
-    fn direct(&self) -> Option<&DirectConn> {
-        match &self.on {
+    fn direct(&mut self) -> Option<&mut DirectConn> {
+        match &mut self.on {
             On::Direct(conn) => Some(conn),
-            On::Held(guard) => match &**guard {
+            On::Held(guard) => match &mut **guard {
                 Held::Direct(conn) => Some(conn),
                 Held::Pooled(_) => None,
             },
@@ -195,7 +195,7 @@ type BoxFuture<'e, T> = StdPin<Box<dyn Future<Output = T> + Send + 'e>>;
 /// A direct read of `query` (at most `limit` rows), or the query back with
 /// its parts when it must run on the pool (several statements).
 fn run_direct<'q, E: Execute<'q, Any>>(
-    conn: &DirectConn,
+    conn: &mut DirectConn,
     mut query: E,
     limit: Option<usize>,
 ) -> std::result::Result<
@@ -361,6 +361,39 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(none, None);
+        db.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A statement of many parameters (their arguments kept per connection
+    /// after the first run) binds as on the pool, each run its own values:
+    /// parameters named from the last to the first, one named twice.
+    #[tokio::test]
+    async fn many_parameters_bind_as_on_the_pool() {
+        let (db, dir) = fresh("many").await;
+        let n = 40;
+        let named: Vec<String> = (1..=n).rev().map(|i| format!("${i}")).collect();
+        let sql = format!("SELECT {}, $7 || '!'", named.join(" || ',' || "));
+        type Out = (String, String);
+        for run in 0..3 {
+            let values: Vec<String> = (1..=n).map(|i| format!("v{run}-{i}")).collect();
+            let bound = |mut q: sqlx::query::QueryAs<'static, Any, Out, sqlx::any::AnyArguments>| {
+                for v in &values {
+                    q = q.bind(v.clone());
+                }
+                q
+            };
+            let on_pool: Out =
+                bound(sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))).fetch_one(&db.pool).await.unwrap();
+            let mut reader = db.reader();
+            assert!(matches!(reader.on, On::Direct(_)));
+            let direct: Out =
+                bound(sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))).fetch_one(&mut reader).await.unwrap();
+            assert_eq!(direct, on_pool);
+            let expected: Vec<String> = values.iter().rev().cloned().collect();
+            assert_eq!(direct.0, expected.join(","));
+            assert_eq!(direct.1, format!("v{run}-7!"));
+        }
         db.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
