@@ -151,7 +151,9 @@ impl DirectConn {
         args: Option<&AnyArguments>,
         limit: Option<usize>,
     ) -> Result<Option<Items>, sqlx::Error> {
-        let Some(Reading { conn, slots }) = self.conn.as_mut() else { return Ok(Some(Vec::new())) };
+        let Some(Reading { conn, slots }) = self.conn.as_mut() else {
+            return Err(sqlx::Error::Protocol("a direct reader used after its return".into()));
+        };
         let mut stmt = match conn.prepare_cached(sql) {
             Ok(stmt) => stmt,
             Err(rusqlite::Error::MultipleStatement) => return Ok(None),
@@ -277,13 +279,16 @@ fn driver(e: rusqlite::Error) -> sqlx::Error {
 }
 
 /// The stream of a direct read's items (already read).
-pub(super) struct Ready(std::vec::IntoIter<Result<Either<AnyQueryResult, AnyRow>, sqlx::Error>>);
+pub(super) struct Ready {
+    items: std::vec::IntoIter<Either<AnyQueryResult, AnyRow>>,
+    error: Option<sqlx::Error>,
+}
 
 impl Ready {
     pub(super) fn of(result: Result<Items, sqlx::Error>) -> Self {
         match result {
-            Ok(items) => Self(items.into_iter().map(Ok).collect::<Vec<_>>().into_iter()),
-            Err(e) => Self(vec![Err(e)].into_iter()),
+            Ok(items) => Self { items: items.into_iter(), error: None },
+            Err(e) => Self { items: Vec::new().into_iter(), error: Some(e) },
         }
     }
 }
@@ -292,6 +297,9 @@ impl Stream for Ready {
     type Item = Result<Either<AnyQueryResult, AnyRow>, sqlx::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Poll::Ready(self.0.next())
+        match self.error.take() {
+            Some(e) => Poll::Ready(Some(Err(e))),
+            None => Poll::Ready(self.items.next().map(Ok)),
+        }
     }
 }

@@ -718,7 +718,9 @@ async fn state_section(
                 let mut wanted: Vec<&str> = senders.iter().map(String::as_str).collect();
                 wanted.sort_unstable();
                 wanted.dedup();
-                wanted.retain(|user| !rows.iter().any(|r| read::member_key(r).as_deref() == Some(*user)));
+                let changed: std::collections::HashSet<String> =
+                    rows.iter().filter_map(read::member_key).collect();
+                wanted.retain(|user| !changed.contains(*user));
                 if !wanted.is_empty() {
                     rows.extend(read::members_at(state, view, &wanted, at).await?);
                     rows.sort_by_key(|e| e.seq);
