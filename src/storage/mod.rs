@@ -1,7 +1,8 @@
 //! Storage: one sqlx layer over two backends. Queries are written once with
 //! `$1` placeholders and run through sqlx's `Any` driver on SQLite (the
 //! embedded default: WAL synced on every commit, checkpointed by a background
-//! task, foreign keys on) and PostgreSQL (for scale). Where the
+//! task, foreign keys on; reads through [`Db::reader`] run on our own
+//! connections, see [`direct`]) and PostgreSQL (for scale). Where the
 //! SQL must differ, a migration set per backend says so (`migrations/`).
 //!
 //! One module per table family; storage knows tables and queries, not Matrix
@@ -374,8 +375,9 @@ impl Db {
 
     /// `SELECT` of one text column `v` of `inner` as a single row: the values
     /// joined by newlines (see [`split_column`]). For queries with many rows
-    /// on hot paths: sqlx's SQLite worker hands rows over one at a time, each
-    /// a thread wake-up, so one row is much cheaper than hundreds.
+    /// on hot paths: on the pool, sqlx's SQLite worker hands rows over one at
+    /// a time, each a thread wake-up, so one row is much cheaper than
+    /// hundreds (a direct reader, [`direct`], reads them all either way).
     pub fn joined_column(&self, inner: &str) -> String {
         let aggregate = match self.backend {
             Backend::Sqlite => "group_concat(v, char(10))",
